@@ -1,0 +1,167 @@
+"""One exception tree for clusterrun; the CLI maps each class to a documented exit code.
+
+Exit codes (README "Exit codes"): 0 success · 1 job failed, a rank was lost, or the job could not be
+pushed or started · 2 usage or inventory error · 3 connection, auth or host-key failure · 4 time limit ·
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CONNECT = 3
+EXIT_TIME_LIMIT = 4
+EXIT_INTERRUPTED = 130
+
+
+class ClusterrunError(Exception):
+    """Base of every error clusterrun raises on purpose."""
+
+    exit_code = EXIT_FAILED
+
+
+class UsageError(ClusterrunError):
+    """Bad command line, bad inventory, unknown run id: the user can fix it without touching a host."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One inventory problem, located in the source file."""
+
+    file: str
+    line: int  # 1-based
+    column: int  # 1-based
+    key: str  # key path such as hosts[1].port, or "" for the document
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}"
+        return f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
+
+
+class InventoryError(UsageError):
+    """The inventory is invalid; carries every problem found, each with file:line:col and key path."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems = tuple(problems)
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        head = "invalid inventory" if len(self.problems) == 1 else f"invalid inventory ({len(self.problems)} problems)"
+        return head + ":\n" + "\n".join(f"  {p}" for p in self.problems)
+
+
+class HostError(ClusterrunError):
+    """Something went wrong on or with one host."""
+
+    reason = "error"
+
+    def __init__(self, host: str, message: str, *, hint: str = ""):
+        self.host = host
+        self.message = message
+        self.hint = hint
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        text = f"{self.host}: {self.reason}: {self.message}"
+        return f"{text}\n    hint: {self.hint}" if self.hint else text
+
+
+class ConnectError(HostError):
+    exit_code = EXIT_CONNECT
+    reason = "unreachable"
+
+
+class AuthError(ConnectError):
+    reason = "authentication failed"
+
+
+class HostKeyUnknown(ConnectError):
+    reason = "unknown host key"
+
+    def __init__(self, host: str, message: str, *, fingerprint: str, hint: str):
+        self.fingerprint = fingerprint
+        super().__init__(host, message, hint=hint)
+
+
+class HostKeyChanged(ConnectError):
+    reason = "HOST KEY CHANGED"
+
+    def __init__(self, host: str, message: str, *, fingerprint: str, hint: str):
+        self.fingerprint = fingerprint
+        super().__init__(host, message, hint=hint)
+
+
+class RemoteCommandError(HostError):
+    """A command on a host ended badly (invoke's UnexpectedExit: command, exit code, output tail)."""
+
+    reason = "command failed"
+
+    def __init__(self, host: str, message: str, *, command: str = "", exit_code: Optional[int] = None,
+                 output_tail: str = "", hint: str = ""):
+        self.command = command
+        self.exit_code = exit_code
+        self.output_tail = output_tail
+        super().__init__(host, message, hint=hint)
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.exit_code is not None:
+            text += f" (exit {self.exit_code})"
+        if self.output_tail:
+            tail = "\n".join("    | " + line for line in self.output_tail.rstrip().splitlines()[-8:])
+            text += "\n" + tail
+        return text
+
+
+class CommandTimeout(RemoteCommandError):
+    exit_code = EXIT_CONNECT
+    reason = "no answer"
+
+
+class PushError(HostError):
+    reason = "push failed"
+
+    def __init__(self, host: str, message: str, *, path: str = "", hint: str = ""):
+        self.path = path
+        super().__init__(host, f"{message}" + (f" ({path})" if path else ""), hint=hint)
+
+
+class StartError(HostError):
+    reason = "start failed"
+
+
+class HostsFailed(ClusterrunError):
+    """Fan out, then report: every host that failed in one phase (fabric's GroupException)."""
+
+    def __init__(self, phase: str, failures: Mapping[str, HostError]):
+        self.phase = phase
+        self.failures = dict(failures)
+        super().__init__(str(self))
+
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        codes = {e.exit_code for e in self.failures.values()}
+        return EXIT_CONNECT if codes == {EXIT_CONNECT} else EXIT_FAILED
+
+    def __str__(self) -> str:
+        n = len(self.failures)
+        lines = [f"{self.phase} failed on {n} host{'s' if n != 1 else ''}; nothing was started:" if self.phase in
+                 ("connect", "push", "prepare") else f"{self.phase} failed on {n} host{'s' if n != 1 else ''}:"]
+        for err in self.failures.values():
+            lines.extend("  " + line for line in str(err).splitlines())
+        return "\n".join(lines)
+
+
+class RunNotFound(UsageError):
+    pass
+
+
+class SecretMissing(UsageError):
+    pass

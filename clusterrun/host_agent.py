@@ -1,0 +1,276 @@
+"""The controller's side of the host program: install it on demand, then sync, start, follow, stop.
+
+Each method is one command on the host (one round trip plus the host's Python start-up); the host
+program is installed once per host and version, on the first command that finds it missing.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from .errors import (CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, StartError)
+from .inventory import Host, Timeouts
+from .remote import AGENT_ID, BOOTSTRAP, EXIT_AGENT_MISSING, INSTALLER, SOURCE
+from .sync import Manifest, objects_to_send, read_chunks
+from .transport import Stream, StreamClosed, Transport, read_exact
+
+FRAME = struct.Struct(">cIQI")
+MSG_LEN = struct.Struct(">I")
+
+
+class AgentMissing(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: str  # "L" log bytes, "X" exit record, "H" heartbeat, "E" end
+    rank: int
+    offset: int
+    payload: bytes
+
+    def json(self) -> dict:
+        return json.loads(self.payload.decode())
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    sent_bytes: int
+    objects: int
+    files: int
+    seconds: float
+
+
+class FollowStream:
+    """Frames from `follow`, parsed from large reads (a frame per log chunk, not per line)."""
+
+    def __init__(self, stream: Stream, label: str):
+        self._stream = stream
+        self._label = label
+        self._buf = bytearray()
+
+    def next(self, timeout: float) -> Frame:
+        """The next frame; TimeoutError if none within timeout; StreamClosed at the end of the stream."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self._buf) >= FRAME.size:
+                kind, rank, offset, length = FRAME.unpack_from(self._buf)
+                end = FRAME.size + length
+                if len(self._buf) >= end:
+                    payload = bytes(self._buf[FRAME.size:end])
+                    del self._buf[:end]
+                    return Frame(kind.decode(), rank, offset, payload)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            chunk = self._stream.read(1 << 18, left)
+            if not chunk:
+                code = _exit_code(self._stream)
+                if code == EXIT_AGENT_MISSING and not self._buf:
+                    raise AgentMissing()
+                tail = self._stream.stderr().decode("utf-8", "replace")
+                raise StreamClosed(f"log stream ended (exit {code}){': ' + tail[-500:] if tail else ''}")
+            self._buf += chunk
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def _exit_code(stream: Stream) -> Optional[int]:
+    try:
+        return stream.wait(2.0)
+    except TimeoutError:
+        return None
+
+
+class HostAgent:
+    """One host, through one transport; `label` names it in every error."""
+
+    def __init__(self, host: Host, transport: Transport, timeouts: Timeouts):
+        self.host = host
+        self.label = host.name
+        self.transport = transport
+        self.timeouts = timeouts
+        self._installed = False
+
+    # -------------------------------------------------------------- plumbing
+
+    def argv(self, command: str, *args: str) -> List[str]:
+        return [self.host.python, "-c", BOOTSTRAP, self.host.workdir, AGENT_ID, command, *args]
+
+    def install(self) -> None:
+        done = self.transport.run([self.host.python, "-c", INSTALLER, self.host.workdir, AGENT_ID], stdin=SOURCE,
+                                  timeout=self.timeouts.command)
+        if done.exit_code != 0:
+            raise self._command_failed("cannot install clusterrun's host program", done.exit_code, done.stderr)
+        self._installed = True
+
+    def _command_failed(self, what: str, code: Optional[int], stderr: bytes) -> HostError:
+        tail = stderr.decode("utf-8", "replace")
+        if code == 127 or "not found" in tail[-300:] and code not in (0, 1):
+            return RemoteCommandError(self.label, f"cannot run Python {self.host.python!r} on this host",
+                                      exit_code=code, output_tail=tail,
+                                      hint="install Python 3 there, or set python: in the inventory")
+        return RemoteCommandError(self.label, what, exit_code=code, output_tail=tail)
+
+    def call(self, command: str, *args: str, stdin: Optional[bytes] = None,
+             timeout: Optional[float] = None) -> dict:
+        """Run one host command that answers with a JSON line; install the host program if missing."""
+        for attempt in (1, 2):
+            done = self.transport.run(self.argv(command, *args), stdin=stdin, timeout=timeout or self.timeouts.command)
+            if done.exit_code == EXIT_AGENT_MISSING and attempt == 1:
+                self.install()
+                continue
+            break
+        try:
+            reply = json.loads(done.stdout.decode().strip().splitlines()[-1]) if done.stdout.strip() else None
+        except ValueError:
+            reply = None
+        if done.exit_code == 0 and isinstance(reply, dict):
+            return reply
+        if isinstance(reply, dict) and "error" in reply:
+            raise RemoteCommandError(self.label, f"{command}: {reply['error']}" +
+                                     (f" ({reply['path']})" if reply.get("path") else ""), exit_code=done.exit_code)
+        raise self._command_failed(f"{command} failed", done.exit_code, done.stderr)
+
+    # -------------------------------------------------------------- commands
+
+    def free_port(self) -> int:
+        return int(self.call("free-port")["port"])
+
+    def probe(self) -> dict:
+        return self.call("probe")
+
+    def status(self, run_id: str) -> dict:
+        return self.call("status", run_id)
+
+    def stop(self, run_id: str, grace: float) -> dict:
+        return self.call("stop", run_id, f"{grace:g}", timeout=grace + self.timeouts.command)
+
+    def start(self, run_id: str, spec: dict) -> dict:
+        """Hand the spec (env and secrets included) to the host on stdin; it lands in a 0600 file there."""
+        try:
+            return self.call("start", run_id, stdin=json.dumps(spec).encode())
+        except RemoteCommandError as exc:
+            raise StartError(self.label, str(exc.message), hint=exc.hint) from None
+
+    def follow(self, run_id: str, offsets: Dict[int, int], once: bool = False) -> FollowStream:
+        args = [run_id, json.dumps({str(k): v for k, v in offsets.items()})] + (["--once"] if once else [])
+        for attempt in (1, 2):
+            stream = FollowStream(self.transport.open(self.argv("follow", *args)), self.label)
+            if self._installed or attempt == 2:
+                return stream
+            try:
+                first = stream.next(self.timeouts.command)
+            except AgentMissing:
+                stream.close()
+                self.install()
+                continue
+            except TimeoutError:
+                return stream
+            return _Prepended(stream, first)
+        raise AssertionError("unreachable")
+
+    def sync(self, run_id: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None) -> SyncResult:
+        for attempt in (1, 2):
+            try:
+                return self._sync_once(run_id, manifest, progress)
+            except AgentMissing:
+                if attempt == 2:
+                    raise
+                self.install()
+        raise AssertionError("unreachable")
+
+    def _sync_once(self, run_id: str, manifest: Manifest, progress: Callable[[int], None]) -> SyncResult:
+        t0 = time.monotonic()
+        stream = self.transport.open(self.argv("sync", run_id))
+        timeout = self.timeouts.command
+        try:
+            wire = json.dumps(manifest.wire()).encode()
+            try:
+                stream.write(MSG_LEN.pack(len(wire)) + wire, timeout)
+                answer = self._read_msg(stream, timeout)
+            except StreamClosed:
+                if _exit_code(stream) == EXIT_AGENT_MISSING:
+                    raise AgentMissing() from None
+                raise
+            if "error" in answer:
+                raise PushError(self.label, answer["error"], path=answer.get("path", ""),
+                                hint=_push_hint(answer.get("kind", "")))
+            sent = 0
+            try:
+                for entry in objects_to_send(manifest, answer["missing"]):
+                    for chunk in read_chunks(entry.source, entry.size):
+                        stream.write(chunk, timeout)
+                        sent += len(chunk)
+                        progress(len(chunk))
+            except StreamClosed:
+                pass  # the host stopped reading: its answer says why
+            stream.close_stdin()
+            result = self._read_msg(stream, timeout)
+            if "error" in result:
+                raise PushError(self.label, result["error"], path=result.get("path", ""),
+                                hint=_push_hint(result.get("kind", "")))
+            return SyncResult(sent_bytes=sent, objects=result["objects"], files=result["files"],
+                              seconds=time.monotonic() - t0)
+        except TimeoutError:
+            raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
+        except StreamClosed as exc:
+            code = _exit_code(stream)
+            raise self._command_failed(f"push interrupted: {exc}", code, stream.stderr()) if code not in (None, -1) \
+                else ConnectError(self.label, f"connection lost during the push: {exc}") from None
+        finally:
+            stream.close()
+
+    @staticmethod
+    def _read_msg(stream: Stream, timeout: float) -> dict:
+        (n,) = MSG_LEN.unpack(read_exact(stream, MSG_LEN.size, timeout))
+        return json.loads(read_exact(stream, n, timeout).decode())
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class _Prepended(FollowStream):
+    """A follow stream whose first frame was already read (to learn whether the host program exists)."""
+
+    def __init__(self, inner: FollowStream, first: Frame):
+        self.__dict__.update(inner.__dict__)
+        self._first: Optional[Frame] = first
+
+    def next(self, timeout: float) -> Frame:
+        if self._first is not None:
+            frame, self._first = self._first, None
+            return frame
+        return super().next(timeout)
+
+
+def _push_hint(kind: str) -> str:
+    return {"disk_full": "free space in the host's workdir (or point workdir: at a bigger disk); "
+                         "nothing was started and partial files were removed",
+            "exists": "a run with this id already exists on the host; launch again"}.get(kind, "")
+
+
+def make_connect(timeouts: Timeouts) -> Callable[[Host], HostAgent]:
+    """Host → connected HostAgent; paramiko is imported only when some host needs SSH."""
+    connector = []
+    lock = threading.Lock()
+
+    def connect(host: Host) -> HostAgent:
+        if host.connection == "local":
+            from .transport.local import LocalTransport
+
+            return HostAgent(host, LocalTransport(host.name), timeouts)
+        with lock:
+            if not connector:
+                from .transport.ssh import Connector
+
+                connector.append(Connector(timeouts))
+        return HostAgent(host, connector[0].connect(host), timeouts)
+
+    return connect

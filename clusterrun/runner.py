@@ -1,0 +1,275 @@
+"""One run, start to end: connect → push → start (rank 0's host first) → follow → stop → result.
+
+The runner owns no terminal: it posts events to `emit` from its own (main) thread, which the CLI
+renders. Host work fans out to threads; every phase reports all failed hosts at once.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict
+from typing import Callable, Dict, List, Mapping, Optional
+
+from .errors import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIME_LIMIT, HostError, HostsFailed,
+                     RemoteCommandError)
+from .events import HostDone, HostProgress, Notice, Phase, RunOutcome
+from .host_agent import HostAgent
+from .inventory import Host, Inventory
+from .monitor import Monitor
+from .plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_env
+from .store import RunStore
+from .sync import HashCache, Manifest, build_manifest
+
+Connect = Callable[[Host], HostAgent]
+
+
+class Interrupted(Exception):
+    pass
+
+
+def controller_identity() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "ticks": _start_ticks(os.getpid())}
+
+
+def _start_ticks(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+        return int(data[data.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def controller_alive(ident: Optional[dict]) -> bool:
+    """Is the controller that wrote this record still running (same machine, same pid, same start)?"""
+    if not ident or ident.get("host") != socket.gethostname() or not ident.get("pid"):
+        return False
+    try:
+        os.kill(ident["pid"], 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return ident.get("ticks") is None or _start_ticks(ident["pid"]) == ident["ticks"]
+
+
+def inventory_snapshot(inv: Inventory) -> dict:
+    """The inventory as recorded with the run: enough to reach the hosts again; secret names only."""
+    return asdict(inv)
+
+
+class Runner:
+    def __init__(self, inv: Inventory, run_id: str, *, store: RunStore, connect: Connect,
+                 secrets: Mapping[str, str], emit: Callable[[object], None], detach: bool = False,
+                 hash_cache: Optional[HashCache] = None):
+        self.inv = inv
+        self.run_id = run_id
+        self.store = store
+        self._connect = connect
+        self._secrets = dict(secrets)
+        self._emit = emit
+        self._detach = detach
+        self._hash_cache = hash_cache or HashCache(None)
+        self._q: "queue.Queue" = queue.Queue()
+        self._agents: Dict[int, HostAgent] = {}
+        self._agents_lock = threading.Lock()
+        self._interrupts: List[float] = []
+        self._closing = False
+        self._t0 = time.monotonic()
+        self._phases: List[tuple] = []
+        self.monitor: Optional[Monitor] = None
+
+    # -------------------------------------------------------------- signals
+
+    def interrupt(self) -> None:
+        """Ctrl-C: the first stops gracefully, a second within a second kills at once (signal-handler safe)."""
+        self._interrupts.append(time.monotonic())
+        if self.monitor is not None:
+            self.monitor.interrupt(force=self.force_requested)
+
+    @property
+    def force_requested(self) -> bool:
+        return len(self._interrupts) >= 2 and self._interrupts[-1] - self._interrupts[-2] <= 1.0
+
+    # -------------------------------------------------------------- the run
+
+    def run(self) -> RunOutcome:
+        plan = build_plan(self.inv, self.run_id)
+        manifest = build_manifest(self.inv.job, self._hash_cache)  # bad files fail before any connection
+        self.store.create(self.run_id, self.inv.path, inventory_snapshot(self.inv), plan_to_dict(plan),
+                          controller_identity(), [{"node_rank": n.node_rank, "name": n.host.name} for n in plan.nodes],
+                          [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks])
+        started: List[int] = []
+        try:
+            self._phase("connect", lambda: self._fan_out("connect", plan.nodes, self._connect_node))
+            if plan.master_port is None:
+                port = self._agent(0).free_port()
+                plan = build_plan(self.inv, self.run_id, master_port=port)
+                self.store.update_run(self.run_id, plan=plan_to_dict(plan))
+                self._emit(Notice(f"MASTER_PORT={port} (free on {plan.nodes[0].host.name})"))
+            self._phase("push", lambda: self._fan_out("push", plan.nodes, lambda n: self._push(n, manifest)))
+            self._phase("start", lambda: self._start_all(plan, started))
+            if self._detach:
+                self.store.update_run(self.run_id, state="running", detached=1, controller=None)
+                return RunOutcome(self.run_id, "running", EXIT_OK, "detached", seconds=self._elapsed(),
+                                  phases=tuple(self._phases))
+            self.store.update_run(self.run_id, state="running")
+            self.monitor = Monitor(plan, self.store, agent=self._agent, reconnect=self._reconnect, emit=self._emit,
+                                   events=self._q, timeouts=self.inv.timeouts, t0=self._t0)
+            if self._interrupts:
+                self.monitor.interrupt(force=self.force_requested)
+            outcome = self.monitor.run()
+            return RunOutcome(**{**asdict_shallow(outcome), "phases": tuple(self._phases) +
+                                 (("run", outcome.seconds),), "seconds": self._elapsed()})
+        except Interrupted:
+            if started:
+                self._stop_started(plan, started, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
+            return self._finish("interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)")
+        except HostsFailed as exc:
+            if started:
+                self._stop_started(plan, started, grace=0.0)
+            self._finish("failed", exc.exit_code, str(exc))
+            raise
+        finally:
+            self._closing = True
+            with self._agents_lock:
+                agents = list(self._agents.values())
+            for agent in agents:
+                agent.close()
+
+    def _finish(self, state: str, code: int, reason: str) -> RunOutcome:
+        self.store.update_run(self.run_id, state=state, exit_code=code, reason=reason, ended_at=time.time())
+        for r in self.store.get(self.run_id).ranks:
+            if r["state"] == "pending":
+                self.store.update_rank(self.run_id, r["rank"], state="not-started")
+        return RunOutcome(self.run_id, state, code, reason, seconds=self._elapsed(), phases=tuple(self._phases))
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def _phase(self, name: str, body: Callable[[], None]) -> None:
+        t = time.monotonic()
+        self._emit(Phase(name))
+        body()
+        self._phases.append((name, time.monotonic() - t))
+
+    # -------------------------------------------------------------- fan-out
+
+    def _fan_out(self, phase: str, nodes, fn: Callable[[NodePlan], object]) -> Dict[int, object]:
+        """Run fn on every node in parallel; drain events meanwhile; raise one error naming every failure."""
+        results: Dict[int, object] = {}
+        failures: Dict[str, HostError] = {}
+        pool = ThreadPoolExecutor(max_workers=min(64, max(1, len(nodes))), thread_name_prefix=phase)
+        futures: Dict[Future, NodePlan] = {pool.submit(fn, n): n for n in nodes}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+                self._drain()
+                if self._interrupts:
+                    raise Interrupted(phase)
+                for fut in done:
+                    node = futures[fut]
+                    try:
+                        results[node.node_rank] = fut.result()
+                    except HostError as exc:
+                        failures[node.host.name] = exc
+                        self.store.update_host(self.run_id, node.node_rank, state=f"{phase}-failed", error=str(exc))
+                    except Exception as exc:  # a bug or an unexpected library error: still name the host
+                        failures[node.host.name] = RemoteCommandError(node.host.name, f"{phase}: {exc!r}")
+            self._drain()
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if failures:
+            raise HostsFailed(phase, failures)
+        return results
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._emit(self._q.get_nowait())
+            except queue.Empty:
+                return
+
+    # -------------------------------------------------------------- per host
+
+    def _agent(self, node_rank: int) -> HostAgent:
+        with self._agents_lock:
+            return self._agents[node_rank]
+
+    def _reconnect(self, node_rank: int) -> HostAgent:
+        host = self.inv.hosts[node_rank]
+        agent = self._connect(host)
+        with self._agents_lock:
+            old, self._agents[node_rank] = self._agents.get(node_rank), agent
+        if old is not None:
+            old.close()
+        return agent
+
+    def _connect_node(self, node: NodePlan) -> HostAgent:
+        t = time.monotonic()
+        agent = self._connect(node.host)
+        with self._agents_lock:
+            if self._closing:  # the run was abandoned while this host was connecting
+                agent.close()
+                raise Interrupted("connect")
+            self._agents[node.node_rank] = agent
+        self._q.put(HostDone("connect", node.host.name, time.monotonic() - t))
+        return agent
+
+    def _push(self, node: NodePlan, manifest: Manifest) -> None:
+        t = time.monotonic()
+        total = manifest.total_bytes
+        sent = [0]
+
+        def progress(n: int) -> None:
+            sent[0] += n
+            self._q.put(HostProgress("push", node.host.name, sent[0], total))
+
+        self.store.update_host(self.run_id, node.node_rank, state="pushing")
+        result = self._agent(node.node_rank).sync(self.run_id, manifest, progress)
+        self.store.update_host(self.run_id, node.node_rank, state="pushed")
+        self._q.put(HostDone("push", node.host.name, time.monotonic() - t,
+                             f"{result.sent_bytes} of {total} bytes sent, {result.files} files"))
+
+    def _spec(self, plan: LaunchPlan, node: NodePlan) -> dict:
+        return {"run_id": plan.run_id, "grace": self.inv.timeouts.grace, "fail_fast": True,
+                "time_limit": plan.time_limit_s,
+                "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": rank_env(plan, r, self._secrets)}
+                          for r in node.ranks]}
+
+    def _start_node(self, plan: LaunchPlan, node: NodePlan, started: List[int]) -> None:
+        t = time.monotonic()
+        state = self._agent(node.node_rank).start(plan.run_id, self._spec(plan, node))
+        started.append(node.node_rank)
+        pid = state.get("supervisor", {}).get("pid")
+        self.store.update_host(self.run_id, node.node_rank, state="started", supervisor_pid=pid)
+        self._q.put(HostDone("start", node.host.name, time.monotonic() - t))
+
+    def _start_all(self, plan: LaunchPlan, started: List[int]) -> None:
+        """Rank 0's host first (it hosts the rendezvous), then every other host at once."""
+        self._fan_out("start", plan.nodes[:1], lambda n: self._start_node(plan, n, started))
+        if len(plan.nodes) > 1:
+            self._fan_out("start", plan.nodes[1:], lambda n: self._start_node(plan, n, started))
+
+    def _stop_started(self, plan: LaunchPlan, started: List[int], grace: float) -> None:
+        def stop(node: NodePlan) -> None:
+            self._agent(node.node_rank).stop(plan.run_id, grace)
+            self.store.update_host(self.run_id, node.node_rank, state="stopped", cleanup="done")
+
+        nodes = [n for n in plan.nodes if n.node_rank in started]
+        self._interrupts.clear()  # a stop must run to its end even after Ctrl-C
+        try:
+            self._fan_out("stop", nodes, stop)
+        except HostsFailed as exc:
+            for name in exc.failures:
+                node = next(n for n in nodes if n.host.name == name)
+                self.store.update_host(self.run_id, node.node_rank, cleanup="pending")
+            self._emit(Notice(str(exc) + "\n`clusterrun stop` finishes them later.", "error"))
+
+
+def asdict_shallow(obj) -> dict:
+    return {f: getattr(obj, f) for f in obj.__dataclass_fields__}

@@ -1,0 +1,184 @@
+"""The run registry: one SQLite file in the state dir, plus a local copy of every rank's log.
+
+State dir: $CLUSTERRUN_HOME, else $XDG_STATE_HOME/clusterrun, else ~/.local/state/clusterrun (0700).
+The record holds what later commands need to reach the hosts again (inventory snapshot and plan; secret
+names only, never values), and is written in transactions, so a controller killed at any point leaves
+a record that `ps`, `logs` and `stop` can finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from .errors import RunNotFound
+
+SCHEMA_VERSION = 1
+TERMINAL = ("succeeded", "failed", "stopped", "timed-out", "interrupted")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+  id TEXT PRIMARY KEY, created_at REAL, inventory TEXT, snapshot TEXT, plan TEXT, state TEXT,
+  exit_code INTEGER, reason TEXT, ended_at REAL, controller TEXT, detached INTEGER DEFAULT 0);
+CREATE TABLE IF NOT EXISTS hosts (
+  run_id TEXT, node_rank INTEGER, name TEXT, state TEXT, cleanup TEXT, error TEXT, supervisor_pid INTEGER,
+  PRIMARY KEY (run_id, node_rank));
+CREATE TABLE IF NOT EXISTS ranks (
+  run_id TEXT, rank INTEGER, node_rank INTEGER, host TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
+  started_at REAL, ended_at REAL, pid INTEGER, note TEXT, PRIMARY KEY (run_id, rank));
+"""
+
+
+def state_dir() -> str:
+    if os.environ.get("CLUSTERRUN_HOME"):
+        return os.path.expanduser(os.environ["CLUSTERRUN_HOME"])
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "clusterrun")
+
+
+def new_run_id(now: Optional[float] = None) -> str:
+    """Sorts by time: 20261130-142233-a1b2."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    return f"{stamp}-{random.SystemRandom().randrange(16 ** 4):04x}"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    created_at: float
+    inventory: str
+    snapshot: Dict[str, Any]
+    plan: Dict[str, Any]
+    state: str
+    exit_code: Optional[int]
+    reason: Optional[str]
+    ended_at: Optional[float]
+    controller: Optional[Dict[str, Any]]
+    detached: bool
+    hosts: List[Dict[str, Any]]
+    ranks: List[Dict[str, Any]]
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def cleanup_pending(self) -> List[str]:
+        return [h["name"] for h in self.hosts if h.get("cleanup") == "pending"]
+
+
+class RunStore:
+    def __init__(self, home: Optional[str] = None):
+        self.home = home or state_dir()
+        os.makedirs(self.home, mode=0o700, exist_ok=True)
+        path = os.path.join(self.home, "runs.db")
+        fresh = not os.path.exists(path)
+        # one connection shared by the controller's threads, serialised by a lock
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        if fresh:
+            os.chmod(path, 0o600)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        with self._db:
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise RuntimeError(f"{path} was written by a newer clusterrun (schema {row[0]})")
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -------------------------------------------------------------- writing
+
+    def create(self, run_id: str, inventory: str, snapshot: dict, plan: dict, controller: dict,
+               hosts: List[dict], ranks: List[dict]) -> None:
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("INSERT INTO runs (id, created_at, inventory, snapshot, plan, state, controller) "
+                             "VALUES (?, ?, ?, ?, ?, 'starting', ?)",
+                             (run_id, time.time(), inventory, json.dumps(snapshot), json.dumps(plan),
+                              json.dumps(controller)))
+            for h in hosts:
+                self._db.execute("INSERT INTO hosts (run_id, node_rank, name, state) VALUES (?, ?, ?, 'pending')",
+                                 (run_id, h["node_rank"], h["name"]))
+            for r in ranks:
+                self._db.execute("INSERT INTO ranks (run_id, rank, node_rank, host, state) "
+                                 "VALUES (?, ?, ?, ?, 'pending')", (run_id, r["rank"], r["node_rank"], r["host"]))
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        if "plan" in fields:
+            fields["plan"] = json.dumps(fields["plan"])
+        if "controller" in fields:
+            fields["controller"] = json.dumps(fields["controller"])
+        self._update("runs", "id = ?", (run_id,), fields)
+
+    def update_host(self, run_id: str, node_rank: int, **fields: Any) -> None:
+        self._update("hosts", "run_id = ? AND node_rank = ?", (run_id, node_rank), fields)
+
+    def update_rank(self, run_id: str, rank: int, **fields: Any) -> None:
+        self._update("ranks", "run_id = ? AND rank = ?", (run_id, rank), fields)
+
+    def _update(self, table: str, where: str, key: tuple, fields: Dict[str, Any]) -> None:
+        if not fields:
+            return
+        cols = ", ".join(f"{name} = ?" for name in fields)
+        with self._lock, self._db:
+            self._db.execute(f"UPDATE {table} SET {cols} WHERE {where}", tuple(fields.values()) + key)
+
+    # -------------------------------------------------------------- reading
+
+    def get(self, run_id: str) -> RunRecord:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run {run_id!r} in {self.home}")
+            hosts = [dict(r) for r in self._db.execute(
+                "SELECT * FROM hosts WHERE run_id = ? ORDER BY node_rank", (run_id,))]
+            ranks = [dict(r) for r in self._db.execute(
+                "SELECT * FROM ranks WHERE run_id = ? ORDER BY rank", (run_id,))]
+        return RunRecord(id=row["id"], created_at=row["created_at"], inventory=row["inventory"],
+                         snapshot=json.loads(row["snapshot"]), plan=json.loads(row["plan"]), state=row["state"],
+                         exit_code=row["exit_code"], reason=row["reason"], ended_at=row["ended_at"],
+                         controller=json.loads(row["controller"]) if row["controller"] else None,
+                         detached=bool(row["detached"]), hosts=hosts, ranks=ranks)
+
+    def ids(self, limit: Optional[int] = None) -> List[str]:
+        sql = "SELECT id FROM runs ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        with self._lock:
+            return [r[0] for r in self._db.execute(sql)]
+
+    def resolve(self, ref: Optional[str]) -> str:
+        """A run id from an id, a unique prefix of one, or `latest` (also the default)."""
+        if ref in (None, "", "latest"):
+            ids = self.ids(limit=1)
+            if not ids:
+                raise RunNotFound(f"no runs yet in {self.home}")
+            return ids[0]
+        matches = [r[0] for r in self._db.execute("SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY id",
+                                                  (ref.replace("\\", "\\\\").replace("%", "\\%")
+                                                   .replace("_", "\\_") + "%",))]
+        if not matches:
+            raise RunNotFound(f"no run matches {ref!r} (see `clusterrun ps`)")
+        if len(matches) > 1 and ref not in matches:
+            raise RunNotFound(f"{ref!r} matches {len(matches)} runs ({', '.join(matches[:4])}...); give more of the id")
+        return ref if ref in matches else matches[0]
+
+    # -------------------------------------------------------------- local log copies
+
+    def log_dir(self, run_id: str) -> str:
+        path = os.path.join(self.home, "runs", run_id)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+    def log_path(self, run_id: str, rank: int) -> str:
+        return os.path.join(self.log_dir(run_id), f"rank-{rank}.log")

@@ -1,0 +1,239 @@
+"""What to push: the job's files under its root, by content hash, with .gitignore-style excludes.
+
+Hosts keep a content-addressed cache, so a push sends only objects a host has never seen; the run
+folder is then made of hard links to them. Hashes are cached here by (size, mtime, inode), so an
+unchanged re-launch neither reads nor sends the data again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .errors import UsageError
+from .inventory import Job
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    rel: str  # POSIX path under the job root
+    sha: str
+    size: int
+    executable: bool
+    source: str  # absolute path here
+
+
+@dataclass(frozen=True)
+class Manifest:
+    files: Tuple[FileEntry, ...]
+    dirs: Tuple[str, ...]
+    symlinks: Tuple[Tuple[str, str], ...]  # (rel, relative target)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def wire(self) -> dict:
+        return {"files": [[f.rel, f.sha, f.size, f.executable] for f in self.files], "dirs": list(self.dirs),
+                "symlinks": [list(s) for s in self.symlinks]}
+
+    def objects(self) -> Dict[Tuple[str, bool], FileEntry]:
+        """One file per distinct object (content and exec bit), the unit that is sent."""
+        out: Dict[Tuple[str, bool], FileEntry] = {}
+        for f in self.files:
+            out.setdefault((f.sha, f.executable), f)
+        return out
+
+
+def _pattern_regex(pattern: str) -> Tuple[re.Pattern, bool, bool]:
+    """One .gitignore line → (regex over the relative path, negated, directories only)."""
+    negated = pattern.startswith("!")
+    if negated:
+        pattern = pattern[1:]
+    dir_only = pattern.endswith("/")
+    pattern = pattern.rstrip("/")
+    anchored = "/" in pattern
+    pattern = pattern.lstrip("/")
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if pattern.startswith("/**", i) and i + 3 == len(pattern):
+            out.append("/.*")
+            i += 3
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = pattern.find("]", i + 1)
+            if j == -1:
+                out.append(re.escape(c))
+            else:
+                out.append("[" + pattern[i + 1:j].replace("\\", "\\\\") + "]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    body = "".join(out)
+    regex = ("^" if anchored else "^(?:.*/)?") + body + "$"
+    return re.compile(regex), negated, dir_only
+
+
+class Excludes:
+    """Last matching pattern wins, `!` re-includes, `dir/` matches directories only (as in .gitignore)."""
+
+    def __init__(self, patterns: Iterable[str]):
+        self._rules = [_pattern_regex(p.strip()) for p in patterns if p.strip() and not p.strip().startswith("#")]
+
+    def excluded(self, rel: str, is_dir: bool) -> bool:
+        result = False
+        for regex, negated, dir_only in self._rules:
+            if dir_only and not is_dir:
+                continue
+            if regex.match(rel):
+                result = not negated
+        return result
+
+
+class HashCache:
+    """sha256 of files here, remembered by (size, mtime_ns, inode) in one JSON file (0600)."""
+
+    VERSION = 1
+
+    def __init__(self, path: Optional[str]):
+        self.path = path
+        self._entries: Dict[str, list] = {}
+        self._dirty = False
+        if path and os.path.exists(path):
+            try:
+                with open(path) as fh:
+                    data = json.load(fh)
+                if data.get("version") == self.VERSION:
+                    self._entries = data["entries"]
+            except (OSError, ValueError, KeyError):
+                self._entries = {}
+
+    def sha(self, path: str, st: os.stat_result) -> str:
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        hit = self._entries.get(path)
+        if hit and hit[:3] == key:
+            return hit[3]
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        self._entries[path] = key + [digest.hexdigest()]
+        self._dirty = True
+        return digest.hexdigest()
+
+    def save(self) -> None:
+        if not (self.path and self._dirty):
+            return
+        tmp = f"{self.path}.tmp-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"version": self.VERSION, "entries": self._entries}, fh)
+        os.replace(tmp, self.path)
+        self._dirty = False
+
+
+def build_manifest(job: Job, cache: HashCache) -> Manifest:
+    """Every file to push: the script and the sync paths, minus excludes; symlinks must stay inside root."""
+    root = os.path.realpath(job.root)
+    excludes = Excludes(job.exclude)
+    files: Dict[str, FileEntry] = {}
+    dirs: set = set()
+    links: Dict[str, str] = {}
+
+    def inside(real: str) -> bool:
+        return real == root or real.startswith(root + os.sep)
+
+    def add_file(rel: str, full: str) -> None:
+        st = os.lstat(full)
+        if stat.S_ISLNK(st.st_mode):
+            real = os.path.realpath(full)
+            if not inside(real):
+                raise UsageError(f"{full} is a symlink to {real}, outside the job root {root}; "
+                                 "clusterrun does not follow links out of the project")
+            links[rel] = os.path.relpath(real, os.path.dirname(os.path.join(root, rel))).replace(os.sep, "/")
+            return
+        if not stat.S_ISREG(st.st_mode):
+            return  # sockets, fifos, devices: nothing to push
+        files[rel] = FileEntry(rel=rel, sha=cache.sha(full, st), size=st.st_size,
+                               executable=bool(st.st_mode & 0o111), source=full)
+
+    def walk(rel_dir: str) -> None:
+        full_dir = os.path.join(root, rel_dir) if rel_dir else root
+        try:
+            names = sorted(os.listdir(full_dir))
+        except OSError as exc:
+            raise UsageError(f"cannot read {full_dir}: {exc.strerror}") from None
+        for name in names:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            full = os.path.join(full_dir, name)
+            is_dir = os.path.isdir(full) and not os.path.islink(full)
+            if excludes.excluded(rel, is_dir):
+                continue
+            if is_dir:
+                dirs.add(rel)
+                walk(rel)
+            else:
+                add_file(rel, full)
+
+    for rel in (job.script,) + tuple(s.rstrip("/") for s in job.sync):
+        full = os.path.join(root, rel) if rel != "." else root
+        if not os.path.lexists(full):
+            raise UsageError(f"{full} does not exist (job.script / job.sync)")
+        real = os.path.realpath(full)
+        if not inside(real):
+            raise UsageError(f"{full} resolves to {real}, outside the job root {root}")
+        if os.path.isdir(full) and not os.path.islink(full):
+            if rel != ".":
+                dirs.add(rel)
+            walk("" if rel == "." else rel)
+        else:
+            add_file(rel, full)
+    for rel in list(files) + list(links):
+        parent = rel.rpartition("/")[0]
+        while parent:
+            dirs.add(parent)
+            parent = parent.rpartition("/")[0]
+    cache.save()
+    return Manifest(files=tuple(files[k] for k in sorted(files)), dirs=tuple(sorted(dirs)),
+                    symlinks=tuple(sorted(links.items())))
+
+
+def read_chunks(path: str, size: int, chunk: int = 1 << 20) -> Iterable[bytes]:
+    """The file's bytes in chunks; exactly `size` of them (it must not change during the push)."""
+    left = size
+    with open(path, "rb") as fh:
+        while left:
+            data = fh.read(min(chunk, left))
+            if not data:
+                raise UsageError(f"{path} shrank while it was being pushed")
+            left -= len(data)
+            yield data
+
+
+ProgressFn = Callable[[int], None]
+
+
+def objects_to_send(manifest: Manifest, missing: Sequence[str]) -> List[FileEntry]:
+    objects = manifest.objects()
+    out = []
+    for sha in missing:
+        entry = objects.get((sha, True)) or objects.get((sha, False))
+        if entry is None:
+            raise UsageError(f"the host asked for an object not in the manifest: {sha}")
+        out.append(entry)
+    return out

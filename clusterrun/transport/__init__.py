@@ -1,0 +1,96 @@
+"""How the controller runs commands on a host: over SSH (paramiko) or, for `connection: local`, here.
+
+Both speak argv (never a shell line built by formatting): SSH renders it with `shlex.join` at the
+boundary, local passes it to `subprocess` as a list. Everything above this package is the same code
+for both, which is what makes a local run a faithful twin of a remote one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional, Protocol, Sequence
+
+from ..errors import CommandTimeout, ConnectError
+
+
+@dataclass(frozen=True)
+class Completed:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+
+class StreamClosed(Exception):
+    """The other end of a stream went away (connection lost, or the remote process ended)."""
+
+
+class Stream(Protocol):
+    """A running remote command with its stdin, stdout and exit status."""
+
+    def write(self, data: bytes, timeout: Optional[float] = None) -> None:
+        """All of data; TimeoutError if the other end stops taking it for timeout seconds."""
+
+    def close_stdin(self) -> None: ...
+
+    def read(self, n: int, timeout: Optional[float]) -> bytes:
+        """Up to n bytes; b"" at end of output; raises TimeoutError when nothing came in time."""
+
+    def wait(self, timeout: Optional[float]) -> int: ...
+
+    def stderr(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    label: str  # host name, for messages
+
+    def open(self, argv: Sequence[str]) -> Stream: ...
+
+    def run(self, argv: Sequence[str], *, stdin: Optional[bytes] = None, timeout: float) -> Completed: ...
+
+    def close(self) -> None: ...
+
+
+def read_exact(stream: Stream, n: int, timeout: Optional[float]) -> bytes:
+    """Exactly n bytes, or StreamClosed if the output ends first."""
+    parts = []
+    while n:
+        chunk = stream.read(n, timeout)
+        if not chunk:
+            raise StreamClosed("end of output")
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def run_on(transport: Transport, argv: Sequence[str], *, stdin: Optional[bytes], timeout: float) -> Completed:
+    """Run argv to completion within timeout (the shared body of every Transport.run)."""
+    deadline = time.monotonic() + timeout
+    stream = transport.open(argv)
+    try:
+        try:
+            if stdin:
+                stream.write(stdin, timeout)
+            stream.close_stdin()
+        except StreamClosed:
+            pass  # it exited without reading; its output says why
+        out = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            chunk = stream.read(1 << 16, left)
+            if not chunk:
+                break
+            out.append(chunk)
+        code = stream.wait(max(0.1, deadline - time.monotonic()))
+        return Completed(code, b"".join(out), stream.stderr())
+    except TimeoutError:
+        raise CommandTimeout(transport.label, f"no answer within {timeout:g} s",
+                             command=" ".join(argv[:1] + ["..."])) from None
+    except StreamClosed as exc:
+        raise ConnectError(transport.label, f"connection lost: {exc}") from None
+    finally:
+        stream.close()

@@ -1,0 +1,77 @@
+"""`connection: local`: the same host-side commands, run as child processes of the controller."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import tempfile
+from typing import Optional, Sequence
+
+from . import Completed, StreamClosed, run_on
+
+
+class LocalStream:
+    def __init__(self, argv: Sequence[str]):
+        self._err = tempfile.TemporaryFile()
+        # Own session: a Ctrl-C in the terminal reaches the controller only, which then stops the run in order.
+        self._proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                                      start_new_session=True, close_fds=True)
+        self._out_fd = self._proc.stdout.fileno()
+
+    def write(self, data: bytes, timeout: Optional[float] = None) -> None:
+        # a local child cannot hang the way a paused host can: no deadline needed
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(self._proc.stdin.fileno(), view[:1 << 20])
+                view = view[n:]
+        except (BrokenPipeError, ValueError, OSError) as exc:
+            raise StreamClosed(str(exc)) from None
+
+    def close_stdin(self) -> None:
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+
+    def read(self, n: int, timeout: Optional[float]) -> bytes:
+        ready, _, _ = select.select([self._out_fd], [], [], timeout)
+        if not ready:
+            raise TimeoutError
+        return os.read(self._out_fd, n)
+
+    def wait(self, timeout: Optional[float]) -> int:
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError from None
+
+    def stderr(self) -> bytes:
+        self._err.seek(0)
+        return self._err.read()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()  # our own child, by its pid
+            self._proc.wait()
+        for fh in (self._proc.stdin, self._proc.stdout):
+            try:
+                fh.close()
+            except OSError:
+                pass
+        self._err.close()
+
+
+class LocalTransport:
+    def __init__(self, label: str):
+        self.label = label
+
+    def open(self, argv: Sequence[str]) -> LocalStream:
+        return LocalStream(argv)
+
+    def run(self, argv: Sequence[str], *, stdin: Optional[bytes] = None, timeout: float) -> Completed:
+        return run_on(self, argv, stdin=stdin, timeout=timeout)
+
+    def close(self) -> None:
+        pass

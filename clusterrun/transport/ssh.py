@@ -1,0 +1,331 @@
+"""SSH connections with paramiko: ~/.ssh/config, ProxyJump, identity files and the agent, strict host
+keys, and a deadline on every step (connect, banner, key exchange, auth, channel open, exec, read).
+
+Why a bare `paramiko.Transport` and not `SSHClient`/fabric's `Connection`: we need TCP_NODELAY on the
+socket (halves the per-connection time), a cipher preference (AES-GCM streams fastest), the key types
+on record offered first, and our own host-key policy; fabric's Connection installs an auto-add policy
+on construction. A ProxyJump hop is what fabric's gateway does: a `direct-tcpip` channel used as socket.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shlex
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import paramiko
+from paramiko.common import cMSG_CHANNEL_REQUEST
+from paramiko.message import Message
+
+from ..errors import AuthError, ConnectError, HostKeyChanged
+from ..inventory import Host, Timeouts
+from . import Completed, StreamClosed, run_on
+from .hostkeys import KnownHosts
+
+WINDOW = 8 << 20  # a larger channel window keeps a fast log or push stream from stalling on round trips
+_PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
+_DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+
+_key_cache: Dict[str, paramiko.PKey] = {}
+_key_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to connect, after ~/.ssh/config (inventory values win over it)."""
+
+    alias: str
+    hostname: str
+    port: int
+    user: str
+    identity_files: Tuple[str, ...]
+    proxy_jump: Optional[str]
+    proxy_command: Optional[str]
+    known_hosts: str
+
+
+def load_ssh_config(path: str = "~/.ssh/config") -> paramiko.SSHConfig:
+    path = os.path.expanduser(path)
+    if os.path.exists(path):
+        return paramiko.SSHConfig.from_path(path)
+    return paramiko.SSHConfig()
+
+
+def resolve(host: Host, config: paramiko.SSHConfig) -> Target:
+    found = config.lookup(host.host)
+    files = (host.identity_file,) if host.identity_file else tuple(found.get("identityfile", ()))
+    jump = host.proxy_jump or found.get("proxyjump")
+    return Target(
+        alias=host.host, hostname=found.get("hostname", host.host), port=host.port or int(found.get("port", 22)),
+        user=host.user or found.get("user") or getpass.getuser(),
+        identity_files=tuple(os.path.expanduser(f) for f in files),
+        proxy_jump=None if jump in (None, "none") else jump,
+        proxy_command=None if host.proxy_jump else found.get("proxycommand"),
+        known_hosts=os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts"))
+
+
+def _load_key(path: str) -> Optional[paramiko.PKey]:
+    """Keys are parsed once per process (an RSA key costs 100-200 ms of CPU each time)."""
+    with _key_lock:
+        if path in _key_cache:
+            return _key_cache[path]
+    try:
+        key = paramiko.PKey.from_path(path)
+    except paramiko.PasswordRequiredException:
+        key = None  # encrypted: only ssh-agent can use it without a prompt
+    with _key_lock:
+        _key_cache[path] = key
+    return key
+
+
+def _exec(channel: paramiko.Channel, command: str, timeout: float) -> None:
+    """Channel.exec_command with a deadline: paramiko waits for the reply without one, so a paused host
+    would hang the controller forever."""
+    m = Message()
+    m.add_byte(cMSG_CHANNEL_REQUEST)
+    m.add_int(channel.remote_chanid)
+    m.add_string("exec")
+    m.add_boolean(True)
+    m.add_string(command)
+    channel._event_pending()
+    channel.transport._send_user_message(m)
+    if not channel.event.wait(timeout):
+        raise TimeoutError
+    if not channel.event_ready:
+        raise StreamClosed("the host refused to run the command")
+
+
+class SshStream:
+    def __init__(self, channel: paramiko.Channel):
+        self._ch = channel
+
+    def write(self, data: bytes, timeout: Optional[float] = None) -> None:
+        try:
+            self._ch.settimeout(timeout)
+            self._ch.sendall(data)
+        except socket.timeout:
+            raise TimeoutError from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise StreamClosed(str(exc) or type(exc).__name__) from None
+
+    def close_stdin(self) -> None:
+        try:
+            self._ch.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+    def read(self, n: int, timeout: Optional[float]) -> bytes:
+        self._ch.settimeout(timeout)
+        try:
+            return self._ch.recv(n)
+        except socket.timeout:
+            raise TimeoutError from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise StreamClosed(str(exc) or type(exc).__name__) from None
+
+    def wait(self, timeout: Optional[float]) -> int:
+        if not self._ch.status_event.wait(timeout):
+            raise TimeoutError
+        return self._ch.exit_status  # -1: the channel closed without a status (connection lost)
+
+    def stderr(self) -> bytes:
+        parts = []
+        while self._ch.recv_stderr_ready():
+            parts.append(self._ch.recv_stderr(1 << 16))
+        return b"".join(parts)
+
+    def close(self) -> None:
+        try:
+            self._ch.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+
+class SshTransport:
+    def __init__(self, label: str, transport: paramiko.Transport, timeouts: Timeouts,
+                 hops: Sequence[paramiko.Transport] = ()):
+        self.label = label
+        self._t = transport
+        self._timeouts = timeouts
+        self._hops = list(hops)
+
+    @property
+    def alive(self) -> bool:
+        return self._t.is_active()
+
+    def open(self, argv: Sequence[str]) -> SshStream:
+        try:
+            channel = self._t.open_session(window_size=WINDOW, timeout=self._timeouts.connect)
+            _exec(channel, shlex.join(argv), self._timeouts.connect)
+        except TimeoutError:
+            raise ConnectError(self.label, f"no answer to a new command within {self._timeouts.connect:g} s "
+                                           "(host hung or cut off?)") from None
+        except (paramiko.SSHException, OSError, EOFError, StreamClosed) as exc:
+            raise ConnectError(self.label, f"cannot start a command: {exc or type(exc).__name__}") from None
+        return SshStream(channel)
+
+    def run(self, argv: Sequence[str], *, stdin: Optional[bytes] = None, timeout: float) -> Completed:
+        return run_on(self, argv, stdin=stdin, timeout=timeout)
+
+    def close(self) -> None:
+        for t in [self._t] + self._hops[::-1]:
+            sock = t.sock
+            try:
+                if isinstance(sock, socket.socket):
+                    sock.shutdown(socket.SHUT_RDWR)  # else close() lingers ~80 ms
+            except OSError:
+                pass
+            t.close()
+
+
+class Connector:
+    """Opens SSH connections for the hosts of one run; shares known_hosts files and ssh config."""
+
+    def __init__(self, timeouts: Timeouts, ssh_config: Optional[paramiko.SSHConfig] = None):
+        self.timeouts = timeouts
+        self.config = ssh_config if ssh_config is not None else load_ssh_config()
+        self._known: Dict[str, KnownHosts] = {}
+        self._lock = threading.Lock()
+
+    def known_hosts(self, path: str) -> KnownHosts:
+        with self._lock:
+            if path not in self._known:
+                self._known[path] = KnownHosts(path)
+            return self._known[path]
+
+    def connect(self, host: Host) -> SshTransport:
+        target = resolve(host, self.config)
+        hops: List[paramiko.Transport] = []
+        sock = None
+        try:
+            if target.proxy_jump:
+                for spec in target.proxy_jump.split(","):
+                    hop = self._jump_target(spec, host)
+                    hop_sock = self._open_socket(hop, host.name, via=hops[-1] if hops else None)
+                    hops.append(self._handshake(hop, hop_sock, host, label=f"{host.name} (via jump {hop.alias})"))
+            elif target.proxy_command:
+                sock = paramiko.ProxyCommand(target.proxy_command)
+            if sock is None:
+                sock = self._open_socket(target, host.name, via=hops[-1] if hops else None)
+            t = self._handshake(target, sock, host, label=host.name)
+        except BaseException:
+            for hop in hops:
+                hop.close()
+            raise
+        return SshTransport(host.name, t, self.timeouts, hops)
+
+    def _jump_target(self, spec: str, host: Host) -> Target:
+        user, _, rest = spec.rpartition("@")
+        name, _, port = rest.partition(":")
+        jump_host = Host(name=name, host=name, addr=None, slots=1, connection="ssh", user=user or None,
+                         port=int(port) if port else None, identity_file=host.identity_file,
+                         known_hosts=host.known_hosts, host_key_policy=host.host_key_policy, python="python3",
+                         workdir="~", env={}, proxy_jump="none", source=host.source)
+        target = resolve(jump_host, self.config)
+        return Target(target.alias, target.hostname, target.port, target.user, target.identity_files, None, None,
+                      target.known_hosts)
+
+    def _open_socket(self, target: Target, label: str, via: Optional[paramiko.Transport]):
+        timeout = self.timeouts.connect
+        where = f"{target.hostname}:{target.port}"
+        if via is not None:
+            try:
+                return via.open_channel("direct-tcpip", (target.hostname, target.port), ("", 0), timeout=timeout)
+            except (paramiko.SSHException, OSError) as exc:
+                raise ConnectError(label, f"the jump host cannot reach {where}: {exc}") from None
+        try:
+            sock = socket.create_connection((target.hostname, target.port), timeout=timeout)
+        except socket.timeout:
+            raise ConnectError(label, f"no answer from {where} within {timeout:g} s (connect timeout)") from None
+        except socket.gaierror as exc:
+            raise ConnectError(label, f"cannot resolve {target.hostname!r}: {exc.strerror}") from None
+        except OSError as exc:
+            raise ConnectError(label, f"cannot connect to {where}: {exc.strerror or exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _handshake(self, target: Target, sock, host: Host, label: str) -> paramiko.Transport:
+        timeout = self.timeouts.connect
+        t = paramiko.Transport(sock)
+        t.banner_timeout = t.handshake_timeout = t.auth_timeout = timeout
+        t.clear_to_send_timeout = timeout
+        opts = t.get_security_options()
+        opts.ciphers = tuple(c for c in _PREFERRED_CIPHERS if c in opts.ciphers) + \
+            tuple(c for c in opts.ciphers if c not in _PREFERRED_CIPHERS)
+        known = self.known_hosts(target.known_hosts)
+        offered = known.negotiable_types(target.hostname, target.port)
+        if offered:
+            usable = tuple(k for k in offered if k in t._preferred_keys)
+            if usable:
+                opts.key_types = usable
+        try:
+            t.start_client(timeout=timeout)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            t.close()
+            text = str(exc) or type(exc).__name__
+            if "host key" in text.lower() and offered:
+                raise HostKeyChanged(label, f"{target.hostname} no longer offers a host key of the type on record "
+                                            f"({', '.join(offered)}): {text}", fingerprint="?",
+                                     hint=f"check the host, then update {target.known_hosts}") from None
+            raise ConnectError(label, f"SSH handshake with {target.hostname}:{target.port} failed: {text}") from None
+        try:
+            known.verify(label, target.hostname, target.port, t.get_remote_server_key(), host.host_key_policy)
+            self._authenticate(t, target, label)
+        except BaseException:
+            t.close()
+            raise
+        t.set_keepalive(15)
+        return t
+
+    def _authenticate(self, t: paramiko.Transport, target: Target, label: str) -> None:
+        tried: List[str] = []
+        paths = target.identity_files or tuple(p for p in (os.path.expanduser(d) for d in _DEFAULT_KEYS)
+                                                if os.path.exists(p))
+        keys: List[Tuple[str, paramiko.PKey]] = []
+        for path in paths:
+            try:
+                key = _load_key(path)
+            except (OSError, paramiko.SSHException, ValueError) as exc:
+                if target.identity_files:
+                    raise AuthError(label, f"cannot read identity file {path}: {exc}") from None
+                continue
+            if key is not None:
+                keys.append((path, key))
+            else:
+                tried.append(f"{path} (encrypted: add it to ssh-agent)")
+        try:
+            agent_keys = [("ssh-agent", k) for k in paramiko.Agent().get_keys()]
+        except paramiko.SSHException:
+            agent_keys = []
+        for source, key in keys + agent_keys:
+            try:
+                t.auth_publickey(target.user, key)
+            except paramiko.BadAuthenticationType as exc:
+                raise AuthError(label, f"{target.user}@{target.hostname} does not accept public keys "
+                                       f"(allowed: {', '.join(exc.allowed_types)})") from None
+            except paramiko.AuthenticationException:
+                tried.append(source)
+                continue
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise ConnectError(label, f"connection lost during authentication: {exc}") from None
+            if t.is_authenticated():
+                return
+        raise AuthError(label, f"no key was accepted for {target.user}@{target.hostname}:{target.port}"
+                               f" (tried: {', '.join(tried) or 'no keys found'})",
+                        hint="set identity_file in the inventory, or load the key into ssh-agent")
+
+
+
+def with_config_addresses(inv):
+    """Fill each SSH host's missing `addr` from ~/.ssh/config's HostName, so an alias never becomes
+    MASTER_ADDR (the other hosts could not resolve it)."""
+    from dataclasses import replace
+
+    config = load_ssh_config()
+    hosts = tuple(replace(h, addr=resolve(h, config).hostname) if h.connection == "ssh" and not h.addr else h
+                  for h in inv.hosts)
+    return replace(inv, hosts=hosts)

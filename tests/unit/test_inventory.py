@@ -1,0 +1,185 @@
+"""Inventory loading: every error class names file:line:col and the key path; hostfiles; overrides."""
+
+import os
+import textwrap
+
+import pytest
+
+from clusterrun.errors import InventoryError, UsageError
+from clusterrun.inventory import (check_job_files, inventory_from_snapshot, load_inventory, parse_inventory,
+                                  with_overrides)
+from clusterrun.runner import inventory_snapshot
+
+FULL = """\
+version: 1
+defaults:
+  user: alice
+  port: 22
+  identity_file: ~/.ssh/id_ed25519
+  known_hosts: ~/.ssh/known_hosts
+  host_key_policy: strict
+  python: python3
+  workdir: ~/.clusterrun
+  connection: ssh
+  env: {OMP_NUM_THREADS: "1"}
+hosts:
+  - name: node0
+    host: 10.0.0.10
+    addr: 192.168.1.10
+    slots: 2
+  - name: node1
+    host: 10.0.0.11
+    port: 2222
+    env: {NCCL_DEBUG: INFO}
+master: {port: 29500}
+job:
+  script: train_job/train.py
+  args: ["--epochs", 2]
+  sync: [train_job/, data/]
+  init_method: env
+  backend: gloo
+  timeout: 30m
+  time_limit: 2h
+secrets: [WANDB_API_KEY]
+"""
+
+
+def parse(text, file="/proj/inv.yaml"):
+    return parse_inventory(textwrap.dedent(text), file, local_python="/venv/bin/python")
+
+
+def problems(text):
+    with pytest.raises(InventoryError) as info:
+        parse(text)
+    return [str(p) for p in info.value.problems]
+
+
+def test_full_example_is_read_with_defaults_and_overrides():
+    inv = parse(FULL)
+    n0, n1 = inv.hosts
+    assert (n0.name, n0.host, n0.addr, n0.slots, n0.user, n0.port) == ("node0", "10.0.0.10", "192.168.1.10", 2, "alice", 22)
+    assert (n1.port, n1.slots, n1.master_addr) == (2222, 1, "10.0.0.11")
+    assert n1.env == {"OMP_NUM_THREADS": "1", "NCCL_DEBUG": "INFO"}
+    assert inv.master_port == 29500
+    assert inv.job.script == "train_job/train.py"
+    assert inv.job.args == ("--epochs", "2")  # a number in args is taken as its literal text
+    assert inv.job.sync == ("train_job/", "data/")
+    assert (inv.job.timeout_s, inv.job.time_limit_s) == (1800.0, 7200.0)
+    assert inv.job.root == "/proj"
+    assert inv.secrets == ("WANDB_API_KEY",)
+
+
+def test_local_hosts_default_to_this_machine_and_the_controllers_python():
+    inv = parse("""
+        version: 1
+        hosts: [{connection: local, slots: 2}]
+        job: {script: job.py}
+    """)
+    (h,) = inv.hosts
+    assert (h.host, h.addr, h.python, h.name) == ("localhost", "127.0.0.1", "/venv/bin/python", "localhost")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("version: 1\nhosts:\n  - host: a\n    prot: 22\n", "/proj/inv.yaml:4:5: hosts[0].prot: unknown key 'prot'; did you mean 'port'?"),
+    ("version: 1\nhosts:\n  - host: a\n    port: 70000\n", "/proj/inv.yaml:4:11: hosts[0].port: must be an integer from 1 to 65535, got 70000"),
+    ("version: 1\nhosts:\n  - host: a\n    port: '22'\n", "/proj/inv.yaml:4:11: hosts[0].port: expected an integer, got a string"),
+    ("version: 1\nhosts:\n  - host: a\n    slots: 0\n", "hosts[0].slots: must be an integer from 1 to 4096, got 0"),
+    ("version: 1\nhosts:\n  - host: a\n    slots: -2\n", "hosts[0].slots: must be an integer from 1 to 4096, got -2"),
+    ("version: 1\nhosts:\n  - host: a\n    user: yes\n", "/proj/inv.yaml:4:11: hosts[0].user: expected a string, got the YAML boolean 'yes'"),
+    ("version: 1\nhosts:\n  - host: a\n  - host: b\n    host: c\n", "/proj/inv.yaml:5:5: hosts[1].host: duplicate key (first given on line 4)"),
+    ("version: 2\nhosts: [{host: a}]\n", "version: this clusterrun reads inventory version 1, not 2"),
+    ("hosts: [{host: a}]\n", "/proj/inv.yaml:1:1: (document): missing required key 'version'"),
+    ("version: 1\nhosts: []\n", "hosts: expected a non-empty list of hosts"),
+    ("version: 1\nhosts: [{host: a}]\njob: {init_method: mpi}\n", "job.init_method: must be one of env, tcp, file; got 'mpi'"),
+    ("version: 1\nhosts: [{host: a}]\njob: {init_method: file}\n", "init_method: file needs job.shared_dir"),
+    ("version: 1\nhosts: [{host: a}]\njob: {timeout: soon}\n", "job.timeout: expected a positive duration"),
+    ("version: 1\nhosts: [{host: a}]\nmaster: {port: 0}\n", "master.port: must be an integer from 1 to 65535"),
+    ("version: 1\nhosts: [{host: a, env: {1BAD: x}}]\n", "hosts[0].env.1BAD: '1BAD' is not a valid environment variable name"),
+    ("version: 1\nhosts: [{host: 'a;rm -rf /'}]\n", "hosts[0].host: 'a;rm -rf /' is not a valid host name"),
+    ("version: 1\nhosts: [{host: a, user: '$(id)'}]\n", "hosts[0].user: '$(id)' is not a valid user name"),
+    ("version: 1\nhosts: [{host: a, name: 'my node'}]\n", "hosts[0].name: 'my node' is not a valid host label"),
+    ("version: 1\nhosts: [{host: a}]\njob: {script: ../outside.py}\n", "job.script: '../outside.py' is outside the job root /proj"),
+    ("version: 1\nhosts: [{host: a}]\njob: {sync: [/etc]}\n", "job.sync[0]: '/etc' is outside the job root /proj"),
+    ("version: 1\nhosts: [{host: a}]\nsecrets: [A-B]\n", "secrets[0]: 'A-B' is not a valid environment variable name"),
+    ("version: 1\nhosts: [{host: a}, {host: a}]\n", "hosts[1]: 'a' is listed twice with the same workdir"),
+    ("version: 1\nhosts: [{host: a, name: x}, {host: b, name: x}]\n", "hosts[1]: duplicate host name 'x'"),
+    ("version: 1\nhosts: [{host: a, env: {K: v}}]\nsecrets: [K]\n", "K is both a secret and an env value"),
+    ("version: 1\nhosts:\n\t- host: a\n", "/proj/inv.yaml:3:1: YAML syntax error"),
+    ("version: 1\nhosts: [{host: a}\n", "YAML syntax error"),
+    ("version: 1\nhosts: [{host: a}]\nextra: 1\n", "/proj/inv.yaml:3:1: extra: unknown key 'extra'"),
+    ("version: 1\nhosts: [{port: 22}]\n", "hosts[0]: missing required key 'host'"),
+    ("version: 1\nhosts: [{host: a, host_key_policy: yolo}]\n", "hosts[0].host_key_policy: must be one of strict, accept-new"),
+])
+def test_errors_name_file_line_col_and_key(text, expected):
+    found = problems(text)
+    assert any(expected in p for p in found), found
+
+
+def test_tab_indentation_gets_a_hint():
+    found = problems("version: 1\nhosts:\n\t- host: a\n")
+    assert "tabs are not allowed" in found[0]
+
+
+def test_all_problems_are_reported_at_once():
+    found = problems("version: 1\nhosts:\n  - {host: a, port: x, slots: 0, colour: red}\n")
+    assert len(found) == 3, found
+
+
+def test_master_port_auto():
+    inv = parse("version: 1\nhosts: [{host: a}]\nmaster: {port: auto}\n")
+    assert inv.master_port is None
+
+
+def test_durations():
+    inv = parse("version: 1\nhosts: [{host: a}]\njob: {timeout: 1h30m, time_limit: 90}\ntimeouts: {connect: 2s, grace: 1.5}\n")
+    assert (inv.job.timeout_s, inv.job.time_limit_s) == (5400.0, 90.0)
+    assert (inv.timeouts.connect, inv.timeouts.grace, inv.timeouts.command) == (2.0, 1.5, 60.0)
+
+
+def test_hostfile_is_accepted_as_the_whole_inventory():
+    inv = parse("# the cluster\nnode1 slots=4\nnode2   # one slot\n\nnode3 slots=2 max_slots=8\n", "/p/hostfile")
+    assert [(h.host, h.slots, h.connection) for h in inv.hosts] == [("node1", 4, "ssh"), ("node2", 1, "ssh"),
+                                                                     ("node3", 2, "ssh")]
+    assert inv.job.script is None
+
+
+def test_hostfile_errors_name_line_and_column():
+    with pytest.raises(InventoryError) as info:
+        parse("node1 slots=4\nnode2 gpus=2\n", "/p/hostfile")
+    assert str(info.value.problems[0]) == "/p/hostfile:2:7: unexpected 'gpus=2'; expected slots=N"
+
+
+def test_hosts_may_name_a_hostfile(tmp_path):
+    (tmp_path / "hosts").write_text("a slots=2\nb\n")
+    inv_path = tmp_path / "inv.yaml"
+    inv_path.write_text("version: 1\ndefaults: {user: bob}\nhosts: hosts\njob: {script: t.py}\n")
+    inv = load_inventory(str(inv_path))
+    assert [(h.host, h.slots, h.user) for h in inv.hosts] == [("a", 2, "bob"), ("b", 1, "bob")]
+
+
+def test_overrides_from_the_command_line(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "other.py").write_text("print(1)\n")
+    inv = parse("version: 1\nhosts: [{host: a}]\njob: {script: t.py, args: [--x]}\n", str(tmp_path / "inv.yaml"))
+    inv = with_overrides(inv, script="jobs/other.py", args=["--epochs", "3"], cwd=str(tmp_path))
+    assert inv.job.script == "jobs/other.py"
+    assert inv.job.args == ("--epochs", "3")
+    with pytest.raises(UsageError, match="outside the job root"):
+        with_overrides(inv, script="/etc/passwd")
+
+
+def test_job_files_must_exist_and_not_link_out(tmp_path):
+    (tmp_path / "t.py").write_text("")
+    os.symlink("/etc", tmp_path / "escape")
+    inv = parse("version: 1\nhosts: [{host: a}]\njob: {script: t.py, sync: [missing/, escape]}\n",
+                str(tmp_path / "inv.yaml"))
+    with pytest.raises(UsageError) as info:
+        check_job_files(inv)
+    text = str(info.value)
+    assert "job.sync[0]" in text and "does not exist" in text
+    assert "job.sync[1]" in text and "symlink out of it" in text
+
+
+def test_snapshot_round_trip():
+    inv = parse(FULL)
+    assert inventory_from_snapshot(inventory_snapshot(inv)) == inv

@@ -1,0 +1,291 @@
+"""The runner's state machine against fake hosts: order of phases, first failure stops all, lost hosts,
+time limit, Ctrl-C, root cause, and what reaches the run record."""
+
+import json
+import queue
+import threading
+import time
+
+import pytest
+
+from clusterrun.errors import AuthError, ConnectError, HostsFailed
+from clusterrun.events import LogLines, RankEnded
+from clusterrun.host_agent import Frame, SyncResult
+from clusterrun.inventory import parse_inventory
+from clusterrun.runner import Runner
+from clusterrun.store import RunStore
+from clusterrun.transport import StreamClosed
+
+
+class FakeStream:
+    def __init__(self, host):
+        self.host = host
+
+    def next(self, timeout):
+        try:
+            frame = self.host.frames.get(timeout=min(timeout, 0.2))
+        except queue.Empty:
+            raise TimeoutError from None
+        if frame is None:
+            raise StreamClosed("gone")
+        return frame
+
+    def close(self):
+        pass
+
+
+class FakeHost:
+    """Scripted host: the test feeds frames; stop() ends the ranks still running as 'stopped'."""
+
+    def __init__(self, world, name, ranks):
+        self.world, self.name, self.ranks = world, name, ranks
+        self.frames = queue.Queue()
+        self.ended = set()
+        self.spec = None
+        self.stops = []
+        self.reachable_for_stop = True
+        self.clock_offset = 0.0
+
+    def log(self, rank, text):
+        off = self.world.offsets.get(rank, 0)
+        self.world.offsets[rank] = off + len(text)
+        self.frames.put(Frame("L", rank, off, text))
+
+    def exit(self, rank, code=None, signal=None, stopped=False, at=None):
+        self.ended.add(rank)
+        rec = {"rank": rank, "exit_code": code, "signal": signal, "stopped": stopped,
+               "ended_at": (at if at is not None else time.time()) + self.clock_offset, "started_at": time.time() - 1}
+        self.frames.put(Frame("X", rank, 0, json.dumps(rec).encode()))
+        if self.ended >= set(self.ranks):
+            self.frames.put(Frame("E", 0, 0, b"{}"))
+
+
+class FakeAgent:
+    def __init__(self, host):
+        self.h = host
+
+    def sync(self, run_id, manifest, progress=lambda n: None):
+        self.h.world.calls.append(("sync", self.h.name))
+        progress(manifest.total_bytes)
+        return SyncResult(manifest.total_bytes, 1, len(manifest.files), 0.0)
+
+    def free_port(self):
+        return 41234
+
+    def start(self, run_id, spec):
+        self.h.world.calls.append(("start-begin", self.h.name))
+        time.sleep(0.05)
+        self.h.spec = spec
+        self.h.world.calls.append(("start-end", self.h.name))
+        return {"supervisor": {"pid": 1}}
+
+    def follow(self, run_id, offsets, once=False):
+        return FakeStream(self.h)
+
+    def stop(self, run_id, grace):
+        self.h.stops.append(grace)
+        self.h.world.calls.append(("stop", self.h.name))
+        if not self.h.reachable_for_stop:
+            raise ConnectError(self.h.name, "no answer")
+        for r in self.h.ranks:
+            if r not in self.h.ended:
+                self.h.exit(r, signal=15, stopped=True)
+        return {}
+
+    def close(self):
+        pass
+
+
+class World:
+    def __init__(self, text, tmp_path, fail_connect=()):
+        (tmp_path / "train.py").write_text("print('hi')\n")
+        self.inv = parse_inventory(text, str(tmp_path / "inv.yaml"))
+        self.calls = []
+        self.offsets = {}
+        rank = 0
+        self.hosts = {}
+        for h in self.inv.hosts:
+            self.hosts[h.name] = FakeHost(self, h.name, list(range(rank, rank + h.slots)))
+            rank += h.slots
+        self.fail_connect = dict(fail_connect)
+        self.store = RunStore(str(tmp_path / "state"))
+        self.events = []
+
+    def connect(self, host):
+        if host.name in self.fail_connect:
+            raise self.fail_connect[host.name]
+        return FakeAgent(self.hosts[host.name])
+
+    def runner(self, **kw):
+        return Runner(self.inv, "20261130-000000-abcd", store=self.store, connect=self.connect,
+                      secrets=kw.pop("secrets", {}), emit=self.events.append, **kw)
+
+    def run_in_thread(self, runner):
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("outcome", runner.run()), daemon=True)
+        t.start()
+        return t, out
+
+    def wait_started(self, timeout=5):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(h.spec for h in self.hosts.values()):
+                time.sleep(0.1)
+                return
+            time.sleep(0.01)
+        raise AssertionError("not started")
+
+
+INV = """\
+version: 1
+hosts:
+  - {name: a, connection: local, workdir: /w/a, slots: 2}
+  - {name: b, connection: local, workdir: /w/b}
+  - {name: c, connection: local, workdir: /w/c}
+job: {script: train.py}
+timeouts: {host_lost: 1.5, grace: 2}
+"""
+
+
+def test_success_runs_phases_in_order_and_rank0s_host_starts_first(tmp_path):
+    w = World(INV, tmp_path)
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    for h in w.hosts.values():
+        for r in h.ranks:
+            h.log(r, b"hello\n")
+            h.exit(r, code=0)
+    t.join(10)
+    outcome = out["outcome"]
+    assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
+    kinds = [c for c in w.calls if c[0] != "sync"]
+    assert kinds[:2] == [("start-begin", "a"), ("start-end", "a")]  # rank 0's host first
+    assert {c for c in kinds[2:]} == {("start-begin", "b"), ("start-begin", "c"), ("start-end", "b"),
+                                      ("start-end", "c")}
+    assert not any(h.stops for h in w.hosts.values())
+    lines = [e for e in w.events if isinstance(e, LogLines)]
+    assert sorted((e.host, e.rank, e.data) for e in lines) == [("a", 0, b"hello\n"), ("a", 1, b"hello\n"),
+                                                               ("b", 2, b"hello\n"), ("c", 3, b"hello\n")]
+    record = w.store.get("20261130-000000-abcd")
+    assert record.state == "succeeded" and [r["state"] for r in record.ranks] == ["succeeded"] * 4
+    assert (tmp_path / "state" / "runs" / "20261130-000000-abcd" / "rank-2.log").read_bytes() == b"hello\n"
+
+
+def test_first_failure_stops_every_host_and_is_the_root_cause(tmp_path):
+    w = World(INV, tmp_path)
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    w.hosts["b"].log(2, b"Traceback...\nRuntimeError: boom\n")
+    w.hosts["b"].exit(2, code=1)
+    t.join(10)
+    outcome = out["outcome"]
+    assert (outcome.state, outcome.exit_code) == ("failed", 1)
+    assert outcome.root_cause.rank == 2 and outcome.root_cause.exit_code == 1
+    assert outcome.root_cause.tail[-1] == "RuntimeError: boom"
+    assert all(h.stops == [2.0] for h in w.hosts.values())
+    assert {r.rank: r.state for r in outcome.ranks} == {0: "stopped", 1: "stopped", 2: "failed", 3: "stopped"}
+    assert any(isinstance(e, RankEnded) and e.failed and e.rank == 2 for e in w.events)
+
+
+def test_root_cause_is_the_earliest_on_the_controllers_clock(tmp_path):
+    """Host c's clock runs 100 s ahead; its failure arrives first but happened later."""
+    w = World(INV, tmp_path)
+    w.hosts["c"].clock_offset = 100.0
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    w.hosts["c"].frames.put(Frame("H", 0, 0, json.dumps({"now": time.time() + 100.0}).encode()))
+    w.hosts["b"].frames.put(Frame("H", 0, 0, json.dumps({"now": time.time()}).encode()))
+    time.sleep(0.3)
+    now = time.time()
+    w.hosts["b"].ended.add(2)  # rank 2 failed first, but its record is slow to arrive
+    w.hosts["c"].exit(3, code=1, at=now - 0.5)  # arrives first, happened second
+    time.sleep(0.1)
+    w.hosts["b"].exit(2, code=1, at=now - 1.0)
+    t.join(10)
+    assert out["outcome"].root_cause.rank == 2
+
+
+def test_connect_failures_are_all_reported_and_nothing_starts(tmp_path):
+    w = World(INV, tmp_path, fail_connect={"a": ConnectError("a", "connection refused"),
+                                           "c": AuthError("c", "no key accepted")})
+    with pytest.raises(HostsFailed) as info:
+        w.runner().run()
+    assert set(info.value.failures) == {"a", "c"}
+    assert info.value.exit_code == 3
+    assert "nothing was started" in str(info.value)
+    assert not any(c[0].startswith("start") for c in w.calls)
+    record = w.store.get("20261130-000000-abcd")
+    assert record.state == "failed" and record.exit_code == 3 and "connection refused" in record.reason
+
+
+def test_a_silent_host_is_lost_and_the_rest_is_stopped(tmp_path):
+    w = World(INV, tmp_path)
+    w.hosts["c"].reachable_for_stop = False
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and t.is_alive():  # a and b keep sending heartbeats; c is silent
+        for name in ("a", "b"):
+            w.hosts[name].frames.put(Frame("H", 0, 0, json.dumps({"now": time.time()}).encode()))
+        time.sleep(0.3)
+    t.join(10)
+    outcome = out["outcome"]
+    assert (outcome.state, outcome.exit_code) == ("failed", 1)
+    assert outcome.root_cause.host == "c" and outcome.root_cause.state == "lost"
+    assert outcome.cleanup_pending == ("c",)
+    assert w.hosts["a"].stops and w.hosts["b"].stops
+    record = w.store.get("20261130-000000-abcd")
+    assert record.cleanup_pending == ["c"]
+
+
+def test_time_limit_stops_and_exits_4(tmp_path):
+    w = World(INV.replace("job: {script: train.py}", "job: {script: train.py, time_limit: 0.5s}"), tmp_path)
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    t.join(10)
+    assert (out["outcome"].state, out["outcome"].exit_code) == ("timed-out", 4)
+    assert all(h.stops for h in w.hosts.values())
+
+
+def test_ctrl_c_stops_gracefully_and_twice_kills(tmp_path):
+    w = World(INV, tmp_path)
+    runner = w.runner()
+    t, out = w.run_in_thread(runner)
+    w.wait_started()
+    runner.interrupt()
+    runner.interrupt()  # within a second: kill at once
+    t.join(10)
+    assert (out["outcome"].state, out["outcome"].exit_code) == ("interrupted", 130)
+    assert all(0.0 in h.stops for h in w.hosts.values())
+
+
+def test_ctrl_c_during_connect_starts_nothing(tmp_path):
+    w = World(INV, tmp_path)
+    gate = threading.Event()
+    real = w.connect
+    w.connect = lambda host: (gate.wait(5), real(host))[1]
+    runner = w.runner()
+    t, out = w.run_in_thread(runner)
+    time.sleep(0.2)
+    runner.interrupt()
+    t.join(5)
+    gate.set()
+    assert out["outcome"].exit_code == 130
+    time.sleep(0.2)
+    assert not any(c[0].startswith("start") for c in w.calls)
+
+
+def test_auto_port_and_secrets(tmp_path):
+    w = World(INV.replace("job: {script: train.py}", "job: {script: train.py}\nmaster: {port: auto}\nsecrets: [TOKEN]"),
+              tmp_path)
+    t, out = w.run_in_thread(w.runner(secrets={"TOKEN": "hunter2"}))
+    w.wait_started()
+    env = w.hosts["b"].spec["ranks"][0]["env"]
+    assert env["MASTER_PORT"] == "41234" and env["TOKEN"] == "hunter2"
+    for h in w.hosts.values():
+        for r in h.ranks:
+            h.exit(r, code=0)
+    t.join(10)
+    db = (tmp_path / "state" / "runs.db").read_bytes()
+    assert b"hunter2" not in db
+    assert json.loads(json.dumps(w.store.get("20261130-000000-abcd").plan))["master_port"] == 41234
