@@ -1,0 +1,267 @@
+"""The integration lane: a real cluster of containers (docker/testcluster.py) under every SSH test.
+
+The session brings a 4-host cluster up once and always takes it down at the end (failures and Ctrl-C
+included). After each test it undoes the test's faults (crash, pause, partition, block) and fails
+the test if it left processes of user cr on any host.
+
+Environment:
+  CLUSTERRUN_TEST_CLUSTER    cluster name (default crtest): state in .cluster/NAME/
+  CLUSTERRUN_TEST_SUBNET     its subnet (default 198.18.201.0/24: beside `testcluster.py up`'s demo)
+  CLUSTERRUN_KEEP_CLUSTER=1  leave the cluster up after the session; the next session finds it
+                             healthy and reuses it as is (seconds saved per run while iterating).
+                             A cluster that was already up when the session began is never removed.
+  CLUSTERRUN_NO_SKIP=1       (set by .ci/run) fail instead of skipping when docker is unavailable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_NAME = os.environ.get("CLUSTERRUN_TEST_CLUSTER", "crtest")
+CLUSTER_SUBNET = os.environ.get("CLUSTERRUN_TEST_SUBNET", "198.18.201.0/24")
+CLUSTER_HOSTS = 4
+ORPHAN_GRACE_S = 3.0  # processes that are ending (TERM sent, exit in flight) get this long
+
+
+def _load_testcluster():
+    # docker/ is not a package (and must not shadow docker-py); load the file by path.
+    spec = importlib.util.spec_from_file_location("testcluster", REPO / "docker" / "testcluster.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["testcluster"] = mod  # dataclasses look their module up here
+    spec.loader.exec_module(mod)
+    return mod
+
+
+testcluster = _load_testcluster()
+
+_reason_cache: list[str | None] = []
+
+
+def docker_unavailable_reason() -> str | None:
+    if not _reason_cache:
+        _reason_cache.append(testcluster.docker_unavailable_reason())
+    return _reason_cache[0]
+
+
+def _required() -> bool:
+    return os.environ.get("CLUSTERRUN_NO_SKIP") == "1"  # the root conftest's switch: CI runs every lane
+
+
+def pytest_collection_modifyitems(config, items):
+    marked = [item for item in items if item.get_closest_marker("integration")]
+    if not marked or _required():
+        return
+    reason = docker_unavailable_reason()
+    if reason:
+        skip = pytest.mark.skip(reason=f"integration tests need the docker cluster: {reason}")
+        for item in marked:
+            item.add_marker(skip)
+
+
+# --------------------------------------------------------------------------------------------------
+# the cluster
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The session's container cluster: a testcluster.Cluster (hosts, key_path, known_hosts_path,
+    inventory_path, exec, ssh, crash/start, pause/unpause, partition/heal, block/unblock, restore,
+    processes, orphans)."""
+    reason = docker_unavailable_reason()
+    if reason:
+        if _required():
+            pytest.fail(f"CLUSTERRUN_NO_SKIP=1 but the docker cluster cannot run: {reason}", pytrace=False)
+        pytest.skip(f"integration tests need the docker cluster: {reason}")
+
+    c = testcluster.Cluster(CLUSTER_NAME, hosts=CLUSTER_HOSTS, subnet=CLUSTER_SUBNET)
+    reused = c.healthy() and c.image_current()
+    keep = reused or os.environ.get("CLUSTERRUN_KEEP_CLUSTER", "") not in ("", "0")
+
+    # A CI runner's timeout sends SIGTERM: make it unwind like Ctrl-C so the teardown below runs.
+    old_term = signal.getsignal(signal.SIGTERM)
+    if old_term is signal.SIG_DFL and threading_is_main():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        if reused:
+            c.restore(deep=True)  # a previous session may have died in the middle of a fault
+        else:
+            t0 = time.monotonic()
+            c.up(timeout=120)
+            print(f"\ncluster {c.name} up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        yield c
+    finally:
+        try:
+            if not keep:
+                c.down()
+        finally:
+            if old_term is signal.SIG_DFL and threading_is_main():
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def threading_is_main() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(autouse=True)
+def _cluster_guard(request):
+    """After each integration test: undo its faults, then fail it if it left processes behind."""
+    if request.node.get_closest_marker("integration") is None:
+        yield
+        return
+    c = request.getfixturevalue("cluster")
+    yield
+    c.restore()
+    deadline = time.monotonic() + ORPHAN_GRACE_S
+    left = c.orphans()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = c.orphans()
+    if left:
+        # Clean up so that one leak fails one test, not every test after it.
+        for host in {p.host for p in left}:
+            c.kill(host, [p.pid for p in left if p.host == host])
+        pytest.fail("the test left processes of user cr on the cluster:\n"
+                    + "\n".join(f"  {p}" for p in left), pytrace=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# SSH to the hosts (paramiko, strict host keys), and processes started over it
+
+
+class RemoteProcess:
+    """A command started over an SSH exec channel; its shell's pid is its process group id."""
+
+    def __init__(self, conn: "Conn", command: str):
+        self.conn = conn
+        self.command = command
+        self.chan = conn.client.get_transport().open_session()
+        self.chan.set_combine_stderr(True)
+        # sshd makes the command's shell a session (and group) leader: its pid names the group.
+        self.chan.exec_command(f"echo $$; exec {command}")
+        self._file = self.chan.makefile("r")
+        self.chan.settimeout(30)
+        self.pid = int(self._file.readline())
+        self.lines: list[str] = []
+
+    def readline(self, timeout: float = 30) -> str:
+        """The next line of output ('' at the end); socket.timeout if none comes in time."""
+        self.chan.settimeout(timeout)
+        line = self._file.readline()
+        if line:
+            self.lines.append(line)
+        return line
+
+    def wait(self, timeout: float = 60) -> tuple[int, str]:
+        """Wait for the exit; return (exit status, all output after the pid line)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.conn.host.name}: still running after {timeout}s: {self.command}")
+            try:
+                if not self.readline(timeout=left):
+                    break
+            except socket.timeout:
+                continue
+        return self.chan.recv_exit_status(), "".join(self.lines)
+
+    def kill(self) -> None:
+        """SIGKILL the process group unless it is gone, then close the channel."""
+        if not self.chan.exit_status_ready():
+            self.conn.cluster.exec(self.conn.host, ["kill", "-KILL", "--", f"-{self.pid}"], user="root")
+        self.chan.close()
+
+
+class Conn:
+    """One paramiko connection to a host as cr, with the test key and the generated known_hosts."""
+
+    def __init__(self, cluster, host, client):
+        self.cluster = cluster
+        self.host = cluster.host(host)
+        self.client = client
+        self.spawned: list[RemoteProcess] = []
+
+    def run(self, command: str | list[str], timeout: float = 60) -> tuple[int, str, str]:
+        """Run to completion; return (exit status, stdout, stderr)."""
+        if not isinstance(command, str):
+            command = shlex.join(command)
+        _, out, err = self.client.exec_command(command, timeout=timeout)
+        o, e = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        return out.channel.recv_exit_status(), o, e
+
+    def spawn(self, command: str) -> RemoteProcess:
+        """Start a shell command and return at once; the fixture kills it at teardown if it lives."""
+        p = RemoteProcess(self, command)
+        self.spawned.append(p)
+        return p
+
+
+def connect(cluster, host, *, known_hosts=None, key_filename=None, username=None, timeout=10):
+    """A paramiko client logged in to host, host keys checked strictly (RejectPolicy)."""
+    import paramiko
+
+    h = cluster.host(host)
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(known_hosts or cluster.known_hosts_path))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        client.connect(h.address, port=22, username=username or testcluster.USER,
+                       key_filename=str(key_filename or cluster.key_path), look_for_keys=False,
+                       allow_agent=False, timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+class SSH:
+    """The `ssh` fixture: ssh(host) -> Conn; ssh.client(host, ...) -> a bare paramiko client."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.conns: list[Conn] = []
+        self.clients: list = []
+
+    def __call__(self, host) -> Conn:
+        conn = Conn(self.cluster, host, self.client(host))
+        self.conns.append(conn)
+        return conn
+
+    def client(self, host, **overrides):
+        """connect() with known_hosts/key_filename/username/timeout overridden; closed at teardown."""
+        c = connect(self.cluster, host, **overrides)
+        self.clients.append(c)
+        return c
+
+    def close(self) -> None:
+        for conn in self.conns:
+            for p in conn.spawned:
+                try:
+                    p.kill()
+                except Exception:  # the host may be crashed or cut off by the test: restore handles it
+                    pass
+        for c in self.clients:
+            c.close()
+
+
+@pytest.fixture
+def ssh(cluster):
+    """Connections as cr over real SSH (strict host keys); what they spawned is killed at the end."""
+    s = SSH(cluster)
+    yield s
+    s.close()
