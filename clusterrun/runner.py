@@ -231,7 +231,8 @@ class Runner:
 
         self.store.update_host(self.run_id, node.node_rank, state="pushing")
         result = self._agent(node.node_rank).sync(self.run_id, manifest, progress)
-        self.store.update_host(self.run_id, node.node_rank, state="pushed")
+        self.store.update_host(self.run_id, node.node_rank, state="pushed", pushed_bytes=result.sent_bytes,
+                               push_seconds=round(result.seconds, 4))
         self._q.put(HostDone("push", node.host.name, time.monotonic() - t,
                              f"{result.sent_bytes} of {total} bytes sent, {result.files} files"))
 

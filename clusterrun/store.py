@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS runs (
   exit_code INTEGER, reason TEXT, ended_at REAL, controller TEXT, detached INTEGER DEFAULT 0);
 CREATE TABLE IF NOT EXISTS hosts (
   run_id TEXT, node_rank INTEGER, name TEXT, state TEXT, cleanup TEXT, error TEXT, supervisor_pid INTEGER,
-  PRIMARY KEY (run_id, node_rank));
+  pushed_bytes INTEGER, push_seconds REAL, PRIMARY KEY (run_id, node_rank));
 CREATE TABLE IF NOT EXISTS ranks (
   run_id TEXT, rank INTEGER, node_rank INTEGER, host TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
   started_at REAL, ended_at REAL, pid INTEGER, note TEXT, PRIMARY KEY (run_id, rank));

@@ -265,3 +265,68 @@ def ssh(cluster):
     s = SSH(cluster)
     yield s
     s.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# clusterrun itself against the cluster
+
+
+JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+class CR:
+    """The `cr` fixture: the clusterrun CLI with a private state dir, and inventories for the cluster."""
+
+    def __init__(self, cluster, tmp_path: Path, home: Path):
+        self.cluster = cluster
+        self.tmp = tmp_path
+        self.env = {**os.environ, "CLUSTERRUN_HOME": str(home), "NO_COLOR": "1"}
+
+    def inventory(self, name: str = "inv.yaml", *, hosts: int | None = None, job: dict | None = None,
+                  defaults: dict | None = None, top: dict | None = None, edit_hosts=None) -> Path:
+        """The cluster's own inventory with changes; job defaults to tests/integration/jobs/worker.py."""
+        import yaml
+
+        data = yaml.safe_load(Path(self.cluster.inventory_path).read_text())
+        if hosts is not None:
+            data["hosts"] = data["hosts"][:hosts]
+        data["job"] = {**data["job"], "root": str(JOBS), "script": "worker.py", "args": [], "sync": [],
+                       "timeout": "60s", **(job or {})}
+        data["defaults"].update(defaults or {})
+        data.update(top or {})
+        data.setdefault("timeouts", {"grace": "3s", "host_lost": "6s", "connect": "5s", "command": "20s"})
+        if edit_hosts:
+            edit_hosts(data["hosts"])
+        path = self.tmp / name
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    def argv(self, *args) -> list[str]:
+        return [sys.executable, "-m", "clusterrun", *map(str, args)]
+
+    def run(self, *args, timeout: float = 180):
+        import subprocess
+
+        return subprocess.run(self.argv(*args), capture_output=True, text=True, env=self.env, timeout=timeout)
+
+    def popen(self, *args):
+        import subprocess
+
+        return subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=self.env)
+
+    def ps(self) -> list[dict]:
+        import json
+
+        done = self.run("ps", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def run_dirs(self, host) -> list[str]:
+        rc, out, _ = self.cluster.exec(host, ["sh", "-c", "ls ~/.clusterrun/runs 2>/dev/null || true"])
+        return out.split()
+
+
+@pytest.fixture
+def cr(cluster, tmp_path):
+    return CR(cluster, tmp_path, tmp_path / "cr-home")
