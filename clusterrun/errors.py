@@ -137,6 +137,12 @@ class StartError(HostError):
     reason = "start failed"
 
 
+class PreflightError(HostError):
+    """A host is unfit to start the job (launch's preflight): no Python, a full disk, the master port taken."""
+
+    reason = "preflight failed"
+
+
 class HostsFailed(ClusterrunError):
     """Fan out, then report: every host that failed in one phase (fabric's GroupException)."""
 
@@ -153,7 +159,7 @@ class HostsFailed(ClusterrunError):
     def __str__(self) -> str:
         n = len(self.failures)
         lines = [f"{self.phase} failed on {n} host{'s' if n != 1 else ''}; nothing was started:" if self.phase in
-                 ("connect", "push", "prepare") else f"{self.phase} failed on {n} host{'s' if n != 1 else ''}:"]
+                 ("connect", "preflight", "push", "prepare") else f"{self.phase} failed on {n} host{'s' if n != 1 else ''}:"]
         for err in self.failures.values():
             lines.extend("  " + line for line in str(err).splitlines())
         return "\n".join(lines)

@@ -271,6 +271,11 @@ def make_connect(timeouts: Timeouts) -> Callable[[Host], HostAgent]:
                 from .transport.ssh import Connector
 
                 connector.append(Connector(timeouts))
-        return HostAgent(host, connector[0].connect(host), timeouts)
+        try:
+            return HostAgent(host, connector[0].connect(host), timeouts)
+        except HostError:
+            raise
+        except Exception as exc:  # whatever paramiko raises: still a connection problem of this host
+            raise ConnectError(host.name, f"{type(exc).__name__}: {exc}") from None
 
     return connect

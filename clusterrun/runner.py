@@ -73,7 +73,8 @@ class Runner:
         self._emit = emit
         self._detach = detach
         self._hash_cache = hash_cache or HashCache(None)
-        self._q: "queue.Queue" = queue.Queue()
+        # bounded: a slow terminal pushes back on the followers and the SSH window, never on the ranks
+        self._q: "queue.Queue" = queue.Queue(maxsize=64)
         self._agents: Dict[int, HostAgent] = {}
         self._agents_lock = threading.Lock()
         self._interrupts: List[float] = []
@@ -158,8 +159,12 @@ class Runner:
 
     # -------------------------------------------------------------- fan-out
 
-    def _fan_out(self, phase: str, nodes, fn: Callable[[NodePlan], object]) -> Dict[int, object]:
-        """Run fn on every node in parallel; drain events meanwhile; raise one error naming every failure."""
+    def _fan_out(self, phase: str, nodes, fn: Callable[[NodePlan], object],
+                 interruptible: bool = True) -> Dict[int, object]:
+        """Run fn on every node in parallel; drain events meanwhile; raise one error naming every failure.
+
+        Not interruptible: let calls in flight finish (a start that completes after we gave up on it would
+        leave ranks running that nobody stops); the interrupt is acted on right after."""
         results: Dict[int, object] = {}
         failures: Dict[str, HostError] = {}
         pool = ThreadPoolExecutor(max_workers=min(64, max(1, len(nodes))), thread_name_prefix=phase)
@@ -169,7 +174,7 @@ class Runner:
             while pending:
                 done, pending = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
                 self._drain()
-                if self._interrupts:
+                if self._interrupts and interruptible:
                     raise Interrupted(phase)
                 for fut in done:
                     node = futures[fut]
@@ -186,6 +191,14 @@ class Runner:
         if failures:
             raise HostsFailed(phase, failures)
         return results
+
+    def _post(self, event: object) -> None:
+        """Progress from worker threads: advisory, so dropped rather than blocking when the queue is full
+        (a pool thread stuck on a full queue would also hold up the interpreter's exit)."""
+        try:
+            self._q.put_nowait(event)
+        except queue.Full:
+            pass
 
     def _drain(self) -> None:
         while True:
@@ -217,7 +230,7 @@ class Runner:
                 agent.close()
                 raise Interrupted("connect")
             self._agents[node.node_rank] = agent
-        self._q.put(HostDone("connect", node.host.name, time.monotonic() - t))
+        self._post(HostDone("connect", node.host.name, time.monotonic() - t))
         return agent
 
     def _push(self, node: NodePlan, manifest: Manifest) -> None:
@@ -227,13 +240,13 @@ class Runner:
 
         def progress(n: int) -> None:
             sent[0] += n
-            self._q.put(HostProgress("push", node.host.name, sent[0], total))
+            self._post(HostProgress("push", node.host.name, sent[0], total))
 
         self.store.update_host(self.run_id, node.node_rank, state="pushing")
         result = self._agent(node.node_rank).sync(self.run_id, manifest, progress)
         self.store.update_host(self.run_id, node.node_rank, state="pushed", pushed_bytes=result.sent_bytes,
                                push_seconds=round(result.seconds, 4))
-        self._q.put(HostDone("push", node.host.name, time.monotonic() - t,
+        self._post(HostDone("push", node.host.name, time.monotonic() - t,
                              f"{result.sent_bytes} of {total} bytes sent, {result.files} files"))
 
     def _spec(self, plan: LaunchPlan, node: NodePlan) -> dict:
@@ -248,13 +261,17 @@ class Runner:
         started.append(node.node_rank)
         pid = state.get("supervisor", {}).get("pid")
         self.store.update_host(self.run_id, node.node_rank, state="started", supervisor_pid=pid)
-        self._q.put(HostDone("start", node.host.name, time.monotonic() - t))
+        self._post(HostDone("start", node.host.name, time.monotonic() - t))
 
     def _start_all(self, plan: LaunchPlan, started: List[int]) -> None:
         """Rank 0's host first (it hosts the rendezvous), then every other host at once."""
-        self._fan_out("start", plan.nodes[:1], lambda n: self._start_node(plan, n, started))
+        self._fan_out("start", plan.nodes[:1], lambda n: self._start_node(plan, n, started), interruptible=False)
+        if self._interrupts:
+            raise Interrupted("start")
         if len(plan.nodes) > 1:
-            self._fan_out("start", plan.nodes[1:], lambda n: self._start_node(plan, n, started))
+            self._fan_out("start", plan.nodes[1:], lambda n: self._start_node(plan, n, started), interruptible=False)
+        if self._interrupts and not self._detach:
+            raise Interrupted("start")
 
     def _stop_started(self, plan: LaunchPlan, started: List[int], grace: float) -> None:
         def stop(node: NodePlan) -> None:

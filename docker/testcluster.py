@@ -545,12 +545,17 @@ class Cluster:
         return all(rc == 0 and out.strip() == h.name for h, (rc, out, _) in zip(self.hosts, res))
 
     def image_current(self) -> bool:
-        """Whether the running cluster's image is the one the current sources would build."""
+        """Whether the running cluster's image and compose file are what the current sources make."""
         saved = self._load_state()
         try:
-            return saved.get("image") == build_image(quiet=True)
+            image = build_image(quiet=True)
         except ClusterError:
             return False
+        try:
+            compose = self.compose_path.read_text()
+        except OSError:
+            return False
+        return saved.get("image") == image and compose == self.compose_yaml(image)
 
     def status(self) -> list[dict]:
         states = self._states()
@@ -861,6 +866,8 @@ class Cluster:
                 f"      cluster: {{ipv4_address: {q(h.address)}, aliases: [{q(h.name)}]}}",
                 f"    extra_hosts: {q(others)}",
                 "    cap_add: [NET_ADMIN]  # for block(): a blackhole route between two hosts",
+                # a small disk for disk-full tests: 4 MB and 200 inodes, owned by cr
+                f"    tmpfs: [{q('/small:size=4m,nr_inodes=200,uid=1000,gid=1000,mode=0700')}]",
                 "    stop_grace_period: 1s",
             ]
         out += [

@@ -241,6 +241,7 @@ def cmd_sync(workdir, run_dir):
     send_msg({"missing": [sha for sha, _, _ in missing]})
     received = 0
     current = ""
+    created = []  # objects this push added to the cache: removed again if the push fails
     try:
         for sha, size, exe in missing:
             final = object_path(cache, sha, exe)
@@ -262,6 +263,7 @@ def cmd_sync(workdir, run_dir):
                     raise Fail("content of %s arrived corrupted" % sha, "corrupt")
                 os.chmod(tmp, 0o555 if exe else 0o444)
                 os.replace(tmp, final)
+                created.append(final)
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
@@ -288,6 +290,11 @@ def cmd_sync(workdir, run_dir):
             os.symlink(target, dest)
     except (OSError, Fail) as exc:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing has started: leave no partial run behind
+        for path in created:  # and give the space back (the disk may be what is full)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
         if isinstance(exc, OSError):
             kind = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "os"
             message = os.strerror(exc.errno) if exc.errno else str(exc)
@@ -424,11 +431,12 @@ def cmd_supervise(run_dir):
 # ---------------------------------------------------------------- status, follow, stop
 
 
-def load_state(run_dir):
+def load_state(run_dir, must_exist=True):
+    """(spec, state); (None, None) for a run that was pushed (or not even that) but never started."""
     state = read_json(os.path.join(run_dir, "state.json"))
     spec = read_json(os.path.join(run_dir, "spec.json"))
     if spec is None:
-        if os.path.isdir(run_dir):
+        if os.path.isdir(run_dir) or not must_exist:
             return None, None
         raise Fail("no such run on this host", "missing", run_dir)
     return spec, state
@@ -463,7 +471,7 @@ def settle(run_dir, spec, state, check_lost=True):
 
 
 def cmd_status(run_dir):
-    spec, state = load_state(run_dir)
+    spec, state = load_state(run_dir, must_exist=False)
     if spec is None:
         reply({"run_dir": run_dir, "started": False, "ranks": {}})
         return 0
@@ -557,7 +565,7 @@ def cmd_follow(run_dir, offsets_json, once=False):
 
 
 def cmd_stop(run_dir, grace):
-    spec, state = load_state(run_dir)
+    spec, state = load_state(run_dir, must_exist=False)
     if spec is None:
         reply({"stopped": [], "note": "not started"})
         return 0

@@ -272,6 +272,11 @@ class Connector:
                                             f"({', '.join(offered)}): {text}", fingerprint="?",
                                      hint=f"check the host, then update {target.known_hosts}") from None
             raise ConnectError(label, f"SSH handshake with {target.hostname}:{target.port} failed: {text}") from None
+        if not t.is_active() or t.host_key is None:
+            # start_client returns at its timeout without raising (a paused host answers TCP, then nothing)
+            t.close()
+            raise ConnectError(label, f"no SSH handshake from {target.hostname}:{target.port} within "
+                                      f"{timeout:g} s (host hung?)")
         try:
             known.verify(label, target.hostname, target.port, t.get_remote_server_key(), host.host_key_policy)
             self._authenticate(t, target, label)

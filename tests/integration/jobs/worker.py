@@ -28,10 +28,13 @@ args = p.parse_args()
 print(f"worker rank {args.rank}/{args.world_size} on {socket.gethostname()} pid {os.getpid()}", flush=True)
 dist = None
 if not args.no_dist:
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=os.environ["CLUSTERRUN_DIST_URL"], rank=args.rank,
-                            world_size=args.world_size)
+                            world_size=args.world_size,
+                            timeout=timedelta(seconds=int(os.environ["CLUSTERRUN_TIMEOUT"])))
     print(f"rank {args.rank} joined the group", flush=True)
 for step in range(args.steps):
     if args.rank == args.crash_rank and step == args.crash_at:

@@ -1,0 +1,401 @@
+"""clusterrun's preflight probe: one stdlib-only file the controller feeds to a host's Python on stdin.
+
+Usage (by the controller, never by hand): python - COMMAND ARGS_B64 < probe.py
+
+  facts   everything `clusterrun check` wants to know about this host (torch in a child process)
+  reach   a TCP connection to MASTER_ADDR:MASTER_PORT, and the token file in the shared folder
+  quick   the cheap subset for `launch`: Python, workdir space, master port free; never imports torch
+  listen  (rank 0's host) bind the master port, accept the other hosts' test connections, print each
+
+ARGS_B64 is a JSON object in URL-safe base64, so no login shell (csh's `!` included) can mangle it.
+Every answer is one JSON object per line on stdout. It is never installed on the host: nothing stays
+behind but what `listen` removes at exit. Kept to Python 3.6 so it can still say that a Python is old.
+"""
+
+import base64
+import errno
+import json
+import os
+import platform
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+SIOCGIFADDR = 0x8915  # Linux ioctls; elsewhere they fail and the interface list is empty
+SIOCGIFFLAGS = 0x8913
+IFF_UP = 0x1
+IFF_RUNNING = 0x40
+
+# Run in a child so that a torch that hangs (CUDA init) or crashes (ABI mismatch) still leaves the
+# other facts; torchvision gets its own line because importing it can fail in ways torch does not.
+TORCH_SNIPPET = r"""
+import json, sys
+out = {}
+try:
+    import torch
+except BaseException as exc:
+    out["error"] = "%s: %s" % (type(exc).__name__, exc)
+    print(json.dumps(out)); sys.exit(0)
+out["version"] = torch.__version__
+out["cuda_build"] = getattr(torch.version, "cuda", None)
+try:
+    out["cuda"] = bool(torch.cuda.is_available())
+    out["devices"] = torch.cuda.device_count() if out["cuda"] else 0
+    out["device_names"] = [torch.cuda.get_device_name(i) for i in range(min(out["devices"], 8))]
+except Exception as exc:
+    out["cuda"], out["devices"], out["cuda_error"] = False, 0, "%s: %s" % (type(exc).__name__, exc)
+try:
+    import torch.distributed as dist
+    out["dist"] = bool(dist.is_available())
+    out["gloo"] = bool(out["dist"] and dist.is_gloo_available())
+    out["nccl"] = bool(out["dist"] and dist.is_nccl_available())
+except Exception as exc:
+    out["dist"], out["dist_error"] = False, "%s: %s" % (type(exc).__name__, exc)
+if out.get("nccl") and out.get("cuda"):
+    try:
+        v = torch.cuda.nccl.version()
+        out["nccl_version"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:
+        pass
+print(json.dumps(out)); sys.stdout.flush()
+vision = {}
+try:
+    import torchvision
+    vision["torchvision"] = torchvision.__version__
+except ImportError as exc:
+    if getattr(exc, "name", None) != "torchvision":
+        vision["torchvision_error"] = "%s: %s" % (type(exc).__name__, exc)
+except Exception as exc:
+    vision["torchvision_error"] = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps(vision))
+"""
+
+
+def say(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def error_text(exc):
+    code = errno.errorcode.get(getattr(exc, "errno", None) or 0, "")
+    return ("%s %s" % (code, exc.strerror or exc)).strip() if isinstance(exc, OSError) else str(exc)
+
+
+# ------------------------------------------------------------------ facts
+
+
+def python_facts():
+    return {"python": platform.python_version(), "executable": sys.executable,
+            "implementation": platform.python_implementation(), "hostname": socket.gethostname(),
+            "uid": os.getuid() if hasattr(os, "getuid") else None}
+
+
+def disk_facts(workdir):
+    """Free space where the workdir is or would be created (its nearest existing parent)."""
+    path = os.path.expanduser(workdir)
+    where = path
+    while not os.path.isdir(where):
+        parent = os.path.dirname(where)
+        if parent == where:
+            break
+        where = parent
+    try:
+        usage = shutil.disk_usage(where)
+    except OSError as exc:
+        return {"path": path, "error": error_text(exc)}
+    return {"path": path, "exists": os.path.isdir(path), "checked": where, "free": usage.free,
+            "total": usage.total, "writable": os.access(where, os.W_OK | os.X_OK)}
+
+
+def interfaces():
+    """[{name, addr, up}] for every interface with an IPv4 address (stdlib: if_nameindex + ioctls)."""
+    try:
+        import fcntl
+        names = [name for _, name in socket.if_nameindex()]
+    except (ImportError, OSError, AttributeError):
+        return []
+    out = []
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for name in names:
+            req = struct.pack("256s", name.encode()[:15])
+            try:
+                addr = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), SIOCGIFADDR, req)[20:24])
+            except OSError:
+                continue  # no IPv4 address
+            try:
+                flags = struct.unpack("H", fcntl.ioctl(sock.fileno(), SIOCGIFFLAGS, req)[16:18])[0]
+            except OSError:
+                flags = IFF_UP | IFF_RUNNING
+            out.append({"name": name, "addr": addr, "up": bool(flags & IFF_UP and flags & IFF_RUNNING)})
+    finally:
+        sock.close()
+    return out
+
+
+def resolve(name, port=0):
+    infos = socket.getaddrinfo(name, port, 0, socket.SOCK_STREAM)
+    return infos[0][0], infos[0][4][0], sorted(set(i[4][0] for i in infos))
+
+
+def network_facts(opts):
+    """How this host reaches MASTER_ADDR: resolved address, source address and interface."""
+    out = {"interfaces": interfaces(), "hostname": socket.gethostname()}
+    try:
+        out["hostname_addrs"] = resolve(out["hostname"])[2]  # what gloo binds to by default
+    except OSError as exc:
+        out["hostname_error"] = error_text(exc)
+    try:
+        family, addr, _ = resolve(opts["master_addr"], opts.get("port") or 0)
+    except OSError as exc:
+        out["resolve_error"] = error_text(exc)
+        return out
+    out["master_ip"] = addr
+    udp = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        udp.connect((addr, opts.get("port") or 9))  # a UDP connect only picks the route: no packet leaves
+        out["source"] = udp.getsockname()[0]
+    except OSError as exc:
+        out["route_error"] = error_text(exc)
+    finally:
+        udp.close()
+    return out
+
+
+def connect_test(family, addr, port, timeout, name):
+    t0 = time.time()
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect((addr, port))
+        sock.sendall((name + "\n").encode())
+        return {"status": "ok", "ms": round((time.time() - t0) * 1000, 2), "local": sock.getsockname()[0]}
+    except socket.timeout:
+        return {"status": "timeout", "seconds": timeout}
+    except ConnectionRefusedError:
+        return {"status": "refused"}
+    except OSError as exc:
+        unreachable = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL, errno.EADDRNOTAVAIL)
+        return {"status": "unreachable" if exc.errno in unreachable else "error", "error": error_text(exc)}
+    finally:
+        sock.close()
+
+
+def shared_facts(opts):
+    """Read the token file rank 0's host wrote: the same bytes here mean the folder is really shared."""
+    folder = os.path.dirname(opts["shared_file"])
+    out = {"dir_exists": os.path.isdir(folder), "writable": os.access(folder, os.W_OK | os.X_OK)}
+    try:
+        with open(opts["shared_file"]) as fh:
+            out["status"] = "ok" if fh.read() == opts["token"] else "different"
+    except FileNotFoundError:
+        out["status"] = "missing"
+    except OSError as exc:
+        out["status"], out["error"] = "error", error_text(exc)
+    return out
+
+
+def start_torch(env):
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    return subprocess.Popen([sys.executable, "-c", TORCH_SNIPPET], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env)
+
+
+def finish_torch(proc, timeout):
+    t0 = time.time()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # our own child
+        proc.communicate()
+        return {"error": "import torch did not finish within %g s" % timeout}
+    result = {"seconds": round(time.time() - t0, 3)}
+    lines = [line for line in out.decode("utf-8", "replace").splitlines() if line.startswith("{")]
+    for line in lines:
+        result.update(json.loads(line))
+    if not lines:
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
+        result["error"] = "the torch probe died (exit %s): %s" % (proc.returncode, " / ".join(tail))
+    return result
+
+
+def cmd_facts(opts):
+    say({"time": time.time()})  # first: the controller times this line's arrival for the clock check
+    torch_proc = start_torch(opts.get("env")) if opts.get("torch") else None
+    facts = python_facts()
+    facts["disk"] = disk_facts(opts["workdir"])
+    facts["net"] = network_facts(opts)
+    if torch_proc is not None:
+        facts["torch"] = finish_torch(torch_proc, opts.get("torch_timeout", 30.0))
+    say({"facts": facts})
+    return 0
+
+
+def cmd_reach(opts):
+    """Run while rank 0's host listens (and its token file exists): apart from facts, so that no host's
+    torch import waits for rank 0's host, nor the other way round."""
+    out = {}
+    if opts.get("port"):
+        try:
+            family, addr, _ = resolve(opts["master_addr"], opts["port"])
+            out["connect"] = connect_test(family, addr, opts["port"], opts.get("connect_timeout", 3.0), opts["name"])
+        except OSError as exc:
+            out["connect"] = {"status": "error", "error": "cannot resolve: " + error_text(exc)}
+    if opts.get("shared_file"):
+        out["shared"] = shared_facts(opts)
+    say({"reach": out})
+    return 0
+
+
+# ------------------------------------------------------------------ quick (launch's preflight)
+
+
+def port_holder(port):
+    """Who listens on port, as far as this user may see (/proc/net/tcp*: uid; /proc/PID/fd: our own pids)."""
+    inodes = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes[cols[9]] = int(cols[7])
+    if not inodes:
+        return None
+    inode, uid = next(iter(inodes.items()))
+    holder = {"uid": uid}
+    try:
+        import pwd
+        holder["user"] = pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        pass
+    target = "socket:[%s]" % inode
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir("/proc/%s/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink("/proc/%s/fd/%s" % (pid, fd)) != target:
+                    continue
+                with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                    cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+                holder.update(pid=int(pid), command=cmd[:200])
+                return holder
+            except OSError:
+                continue
+    return holder
+
+
+def bind_port(port, family):
+    """A listening socket on port (all interfaces), as torch's TCPStore would bind it (SO_REUSEADDR)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("::" if family == socket.AF_INET6 else "", port))
+        sock.listen(64)
+    except OSError as exc:
+        sock.close()
+        result = {"free": False, "error": error_text(exc)}
+        if exc.errno == errno.EADDRINUSE:
+            result["holder"] = port_holder(port)
+        return None, result
+    return sock, {"free": True, "port": sock.getsockname()[1]}
+
+
+def family_of(opts):
+    return socket.AF_INET6 if ":" in (opts.get("master_addr") or "") else socket.AF_INET
+
+
+def cmd_quick(opts):
+    out = python_facts()
+    out["disk"] = disk_facts(opts["workdir"])
+    if opts.get("port"):
+        sock, out["port"] = bind_port(opts["port"], family_of(opts))
+        if sock is not None:
+            sock.close()
+    say(out)
+    return 0
+
+
+# ------------------------------------------------------------------ listen (rank 0's host)
+
+
+def write_token(path, token):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # 0644: other users on other hosts read it
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token)
+
+
+def cmd_listen(opts):
+    """Bind the master port, say ready, accept the other hosts' connections until all came, the
+    deadline passed, the controller went away, or TERM; remove the shared token file on the way out."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    parent = os.getppid()
+    written = None
+    sock = None
+    try:
+        ready = {"ready": True, "pid": os.getpid()}
+        if opts.get("shared_file"):
+            try:
+                write_token(opts["shared_file"], opts["token"])
+                written = opts["shared_file"]
+                ready["shared"] = {"status": "ok"}
+            except OSError as exc:
+                ready["shared"] = {"status": "error", "error": error_text(exc)}
+        sock, ready["port"] = bind_port(opts.get("port") or 0, family_of(opts))
+        say(ready)
+        deadline = time.time() + opts.get("deadline", 30.0)
+        seen = 0
+        # sshd does not signal a command when its channel closes: a new parent tells us we were left behind
+        while time.time() < deadline and seen < opts.get("expect", 0) and os.getppid() == parent:
+            if sock is None:
+                time.sleep(0.1)
+                continue
+            if not select.select([sock], [], [], 0.1)[0]:
+                continue
+            conn, peer = sock.accept()
+            seen += 1
+            conn.settimeout(1.0)
+            try:
+                name = conn.recv(256).decode("utf-8", "replace").strip()
+            except OSError:
+                name = ""
+            conn.close()
+            say({"peer": peer[0], "name": name})
+    finally:
+        if sock is not None:
+            sock.close()
+        if written:
+            try:
+                os.unlink(written)
+            except OSError:
+                pass
+    return 0
+
+
+def main(argv):
+    command = argv[1]
+    opts = json.loads(base64.urlsafe_b64decode(argv[2].encode()).decode()) if len(argv) > 2 else {}
+    handler = {"facts": cmd_facts, "reach": cmd_reach, "quick": cmd_quick, "listen": cmd_listen}.get(command)
+    if handler is None:
+        say({"error": "unknown command %r" % command})
+        return 2
+    try:
+        return handler(opts)
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

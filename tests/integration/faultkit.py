@@ -1,0 +1,49 @@
+"""Shared checks for the fault-matrix tests: the invariants that must hold after every case."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+TERMINAL = {"succeeded", "failed", "stopped", "timed-out", "interrupted"}
+RANK_END = {"succeeded", "failed", "stopped", "lost", "not-started"}
+FAST = {"connect": "3s", "command": "15s", "host_lost": "5s", "grace": "2s"}
+WORK = ["--steps", "100000", "--step-time", "0.1"]
+
+
+def wait_for(predicate, timeout=60.0, every=0.2, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def all_stepping(cr, run_id=None, ranks=4, step=2):
+    """True once every rank printed `step N` (so all joined the group and are training)."""
+    out = cr.run("logs", *( [run_id] if run_id else [])).stdout
+    return all(f"rank {r} step {step}" in out for r in range(ranks))
+
+
+def check_invariants(cr, cluster, *, expect_state=None, lost_ok=()):
+    """The run record is terminal; every rank ended somehow; every byte of every reachable log is kept."""
+    run = cr.ps()[0]
+    assert run["state"] in TERMINAL, run
+    if expect_state:
+        assert run["state"] == expect_state, run
+    for r in run["ranks"]:
+        assert r["state"] in RANK_END, r
+    cr.run("logs", run["id"])  # bring the local copies up to date
+    home = Path(cr.env["CLUSTERRUN_HOME"])
+    for r in run["ranks"]:
+        if r["host"] in lost_ok or r["state"] == "not-started":
+            continue
+        path = f"/home/cr/.clusterrun/runs/{run['id']}/rank-{r['rank']}.log"
+        rc, out, err = cluster.exec(r["host"], ["sha256sum", path])
+        assert rc == 0, err
+        local = (home / "runs" / run["id"] / f"rank-{r['rank']}.log").read_bytes()
+        assert out.split()[0] == hashlib.sha256(local).hexdigest(), f"rank {r['rank']}: local copy differs"
+    return run
