@@ -22,7 +22,7 @@ from .check_render import render_checks  # noqa: F401  (the CLI's entry point li
 from .check_rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckProblem, CheckResult, HostReport, Report,
                           clock_result, clock_skew, cuda_result, disk_result, port_text, probe_failed,
                           python_results, shell_noise, ssh_failed, torch_results)
-from .errors import ClusterrunError, ConnectError, HostError, HostsFailed, PreflightError
+from .errors import ClusterrunError, ConnectError, HostError, HostsFailed, PreflightError, RemoteCommandError
 from .host_agent import HostAgent, make_connect
 from .inventory import Host, Inventory
 
@@ -86,7 +86,9 @@ def _ssh_ok(host: Host, seconds: float) -> CheckResult:
                        f"{seconds * 1000:.0f} ms", {"seconds": round(seconds, 4), "policy": host.host_key_policy})
 
 
-def _no_answer(exc: HostError) -> CheckResult:
+def _no_answer(exc: HostError, python: str) -> CheckResult:
+    if isinstance(exc, RemoteCommandError) and exc.exit_code == 127:
+        return probe_failed(python, 127, exc.message)
     return CheckResult("python", FAIL, f"{exc.reason}: {exc.message}", exc.hint, "no answer")
 
 
@@ -141,7 +143,7 @@ def run_checks(inv: Inventory, *, connect: Optional[Callable[[Host], HostAgent]]
         except HostError as exc:
             if node_rank == 0:
                 ready.set()
-            return Observed(host, node_rank, ssh, failure=_no_answer(exc))
+            return Observed(host, node_rank, ssh, failure=_no_answer(exc, host.python))
         reach = None
         try:
             if node_rank == 0:
@@ -162,7 +164,7 @@ def run_checks(inv: Inventory, *, connect: Optional[Callable[[Host], HostAgent]]
             try:
                 answer = facts.collect(deadline)
             except HostError as exc:
-                return Observed(host, node_rank, ssh, failure=_no_answer(exc), reach=reach)
+                return Observed(host, node_rank, ssh, failure=_no_answer(exc, host.python), reach=reach)
         if answer.find("facts") is None:
             return Observed(host, node_rank, ssh, answer, probe_failed(host.python, answer.exit_code, answer.stderr),
                             reach)
@@ -275,6 +277,8 @@ def preflight(inv: Inventory, agents: Mapping[int, HostAgent], manifest_bytes: i
         try:
             return run_probe(agent.transport, agent.host.python, "quick", opts, timeout=inv.timeouts.command)
         except HostError as exc:
+            if isinstance(exc, RemoteCommandError) and exc.exit_code == 127:
+                return probe_failed(agent.host.python, 127, exc.message)
             return exc
 
     items = sorted(agents.items())
@@ -284,6 +288,9 @@ def preflight(inv: Inventory, agents: Mapping[int, HostAgent], manifest_bytes: i
     facts: Dict[str, dict] = {}
     for node_rank, agent in items:
         name, answer = agent.host.name, answers[node_rank]
+        if isinstance(answer, CheckResult):
+            problems.append(CheckProblem(name, node_rank, answer.name, answer.status, answer.detail, answer.hint))
+            continue
         if isinstance(answer, HostError):
             problems.append(CheckProblem(name, node_rank, "ssh" if isinstance(answer, ConnectError) else "python",
                                          FAIL, f"{answer.reason}: {answer.message}", answer.hint))

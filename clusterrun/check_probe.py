@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from .errors import CommandTimeout, ConnectError, HostError
+from .errors import CommandTimeout, ConnectError, HostError, RemoteCommandError
 from .transport import Stream, StreamClosed, Transport
 
 _PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote", "probe.py")
@@ -86,7 +86,11 @@ def _as_answer(line: str) -> Optional[dict]:
 
 
 def start_probe(transport: Transport, argv: Sequence[str]) -> Tuple[Stream, float]:
-    stream = transport.open(argv)
+    try:
+        stream = transport.open(argv)
+    except OSError as exc:  # a local host whose python does not exist (over SSH the shell says 127)
+        raise RemoteCommandError(transport.label, f"cannot run {argv[0]}: {exc.strerror or exc}", exit_code=127,
+                                 command=argv[0]) from None
     try:
         stream.write(PROBE_SOURCE, 30.0)
     except StreamClosed:

@@ -126,10 +126,23 @@ def reconcile(store: RunStore, run_id: str, connect: Connect) -> Tuple[RunRecord
         for rank, info in answer["ranks"].items():
             if info.get("exit"):
                 _record_exit(store, run_id, int(rank), info["exit"], offset)
+            elif info.get("pid"):
+                store.update_rank(run_id, int(rank), state="running")
         if answer.get("done"):
             store.update_host(run_id, node_rank, state="done")
     if not record.terminal:
-        settle(store, run_id, default_state="unreachable" if failures else "running")
+        record = store.get(run_id)
+        never = sorted({r["host"] for r in record.ranks if r["state"] == "not-started"})
+        running = {r["node_rank"] for r in record.ranks if r["state"] in ("pending", "running")}
+        if never and running:
+            # the controller died while starting: what did start waits for peers that never come
+            for node_rank in running:
+                store.update_host(run_id, node_rank, cleanup="pending")
+            store.update_run(run_id, state="failed", exit_code=EXIT_FAILED, ended_at=time.time(),
+                             reason=f"the controller ended before {', '.join(never)} started; "
+                                    f"`clusterrun stop {run_id}` ends the ranks that did start")
+        else:
+            settle(store, run_id, default_state="unreachable" if failures else "running")
     return store.get(run_id), failures
 
 

@@ -241,14 +241,14 @@ def cmd_reach(opts):
     """Run while rank 0's host listens (and its token file exists): apart from facts, so that no host's
     torch import waits for rank 0's host, nor the other way round."""
     out = {}
+    if opts.get("shared_file"):  # before connecting: the listener leaves (removing the file) once all connected
+        out["shared"] = shared_facts(opts)
     if opts.get("port"):
         try:
             family, addr, _ = resolve(opts["master_addr"], opts["port"])
             out["connect"] = connect_test(family, addr, opts["port"], opts.get("connect_timeout", 3.0), opts["name"])
         except OSError as exc:
             out["connect"] = {"status": "error", "error": "cannot resolve: " + error_text(exc)}
-    if opts.get("shared_file"):
-        out["shared"] = shared_facts(opts)
     say({"reach": out})
     return 0
 

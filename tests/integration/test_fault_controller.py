@@ -1,0 +1,155 @@
+"""The controller killed (SIGKILL) or interrupted (Ctrl-C) in every phase: ps, logs and stop still work
+afterwards, nothing is left behind, and the exit code says what happened."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from faultkit import FAST, WORK, all_stepping, check_invariants, wait_for
+
+pytestmark = pytest.mark.integration
+
+SLOW_PYTHON = "/home/cr/slowpy"
+
+
+@pytest.fixture
+def big_project(tmp_path):
+    """A job root with 40 MB that no host has seen, so that the push takes a while."""
+    root = tmp_path / "project"
+    (root / "data").mkdir(parents=True)
+    (root / "worker.py").write_bytes((__import__("pathlib").Path(__file__).parent / "jobs" / "worker.py").read_bytes())
+    for i in range(4):
+        (root / "data" / f"part{i}.bin").write_bytes(os.urandom(10 << 20))
+    return root
+
+
+@pytest.fixture
+def slow_node3(cluster):
+    """node3's Python starts 4 s late, so the start phase can be caught in the middle."""
+    cluster.exec("node3", ["sh", "-c", f"printf '#!/bin/sh\\nsleep 4\\nexec /opt/venv/bin/python \"$@\"\\n' > {SLOW_PYTHON}"
+                                       f" && chmod +x {SLOW_PYTHON}"])
+    yield lambda hosts: hosts[3].update(python=SLOW_PYTHON)
+    cluster.exec("node3", ["rm", "-f", SLOW_PYTHON])
+
+
+def run_dir_on(cr, host, run_id):
+    return run_id in cr.run_dirs(host)
+
+
+def newest_id(cr):
+    runs = cr.ps()
+    return runs[0]["id"] if runs else None
+
+
+def started_on(cluster, host, run_id):
+    rc, _, _ = cluster.exec(host, ["test", "-e", f"/home/cr/.clusterrun/runs/{run_id}/state.json"])
+    return rc == 0
+
+
+# ------------------------------------------------------------------ SIGKILL
+
+
+def test_sigkill_during_push_leaves_no_partial_run(cr, cluster, big_project):
+    inv = cr.inventory(job={"root": str(big_project), "args": ["--steps", "1"], "sync": ["data/"]},
+                       top={"timeouts": FAST})
+    proc = cr.popen("launch", inv)
+    run_id = wait_for(lambda: newest_id(cr), what="the run record")
+    wait_for(lambda: any(run_dir_on(cr, h, run_id) for h in ("node0", "node1")), what="the push to begin", every=0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    wait_for(lambda: not any(run_dir_on(cr, h, run_id) for h in ("node0", "node1", "node2", "node3")),
+             timeout=20, what="the hosts to remove the partial run")
+    run = cr.ps()[0]
+    assert run["state"] == "failed" and {r["state"] for r in run["ranks"]} == {"not-started"}
+    assert cr.run("stop").returncode == 0  # nothing to stop, and it says so without failing
+    rc, out, _ = cluster.exec("node0", ["sh", "-c", "ls ~/.clusterrun/cache/objects/*/ 2>/dev/null | wc -l"])
+    assert rc == 0
+
+
+def test_sigkill_during_start_then_stop_cleans_up(cr, cluster, slow_node3):
+    inv = cr.inventory(job={"args": WORK}, top={"timeouts": FAST}, edit_hosts=slow_node3)
+    proc = cr.popen("launch", inv)
+    run_id = wait_for(lambda: newest_id(cr), what="the run record")
+    wait_for(lambda: started_on(cluster, "node0", run_id), timeout=60, what="node0 to start", every=0.05)
+    assert not started_on(cluster, "node3", run_id)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    time.sleep(6)  # node3's delayed start command runs with its controller gone
+    run = cr.ps()[0]
+    ranks = {r["host"]: r["state"] for r in run["ranks"]}
+    if ranks["node3"] == "not-started":  # the spec never reached node3: what did start is marked for stop
+        assert run["state"] == "failed" and "before node3 started" in run["reason"]
+        assert set(run["cleanup_pending"]) == {"node0", "node1", "node2"}
+    else:  # node3 had its spec already: the job runs on without its controller
+        assert run["state"] == "running" and set(ranks.values()) == {"running"}
+    stop = cr.run("stop")
+    assert stop.returncode == 0, stop.stderr
+    run = check_invariants(cr, cluster)
+    assert run["cleanup_pending"] == []
+
+
+# ------------------------------------------------------------------ Ctrl-C
+
+
+def interrupt_when(cr, inv, ready, *args):
+    proc = cr.popen("launch", *args, inv)
+    try:
+        ready()
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        return proc.returncode, out, err, time.monotonic() - t
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_ctrl_c_during_connect_starts_nothing(cr, cluster):
+    cluster.pause("node3")  # its connect waits for the 3 s timeout: time to press Ctrl-C
+    inv = cr.inventory(job={"args": WORK}, top={"timeouts": FAST})
+    before = cr.run_dirs("node0")
+    code, _, err, took = interrupt_when(cr, inv, lambda: (wait_for(lambda: newest_id(cr)), time.sleep(0.5)))
+    assert code == 130, err
+    assert "interrupted" in err and took < 5
+    assert cr.run_dirs("node0") == before
+    assert cr.ps()[0]["state"] == "interrupted"
+
+
+def test_ctrl_c_during_push_removes_the_partial_run(cr, cluster, big_project):
+    inv = cr.inventory(job={"root": str(big_project), "args": ["--steps", "1"], "sync": ["data/"]},
+                       top={"timeouts": FAST})
+
+    def pushing():
+        run_id = wait_for(lambda: newest_id(cr))
+        wait_for(lambda: run_dir_on(cr, "node0", run_id), what="the push", every=0.05)
+
+    code, _, err, _ = interrupt_when(cr, inv, pushing)
+    assert code == 130, err
+    run_id = newest_id(cr)
+    wait_for(lambda: not any(run_dir_on(cr, h, run_id) for h in ("node0", "node1", "node2", "node3")),
+             timeout=20, what="the hosts to remove the partial run")
+    assert cr.ps()[0]["state"] == "interrupted"
+
+
+def test_ctrl_c_during_start_stops_what_started(cr, cluster, slow_node3):
+    inv = cr.inventory(job={"args": WORK}, top={"timeouts": FAST}, edit_hosts=slow_node3)
+
+    def starting():
+        run_id = wait_for(lambda: newest_id(cr))
+        wait_for(lambda: started_on(cluster, "node0", run_id), timeout=60, what="node0 started", every=0.05)
+
+    code, _, err, _ = interrupt_when(cr, inv, starting)
+    assert code == 130, err
+    check_invariants(cr, cluster, expect_state="interrupted")
+
+
+def test_ctrl_c_during_run_stops_every_rank(cr, cluster):
+    inv = cr.inventory(job={"args": WORK}, top={"timeouts": FAST})
+    code, out, err, took = interrupt_when(cr, inv, lambda: wait_for(lambda: cr.ps() and all_stepping(cr),
+                                                                     timeout=120))
+    assert code == 130, err
+    assert took < 2 + 5, took  # the grace, plus a little
+    run = check_invariants(cr, cluster, expect_state="interrupted")
+    assert {r["state"] for r in run["ranks"]} == {"stopped"}
