@@ -19,7 +19,7 @@ from . import __version__
 from .errors import EXIT_CONNECT, EXIT_INTERRUPTED, ClusterrunError, HostsFailed, SecretMissing
 from .inventory import Inventory, check_job_files, load_inventory, with_overrides
 
-err = Console(stderr=True, highlight=False, no_color=bool(os.environ.get("NO_COLOR")))
+err = Console(stderr=True, highlight=False, soft_wrap=True, no_color=bool(os.environ.get("NO_COLOR")))
 
 
 def _fail(exc: BaseException) -> None:
@@ -229,7 +229,7 @@ def _record_json(record, problems) -> dict:
 @click.option("--tail", type=int, default=None, help="Only the last N lines of each rank first.")
 def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[int]) -> None:
     """Show (or follow) the logs of RUN (an id, a unique prefix, or `latest`), fetched from its hosts."""
-    from .logs import tail_lines
+    from .logs import LineSplitter, tail_lines
     from .run_ops import fetch_logs
     from .ui import LogPrinter
 
@@ -252,12 +252,11 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
                     if data:
                         printer.write(host_of[rank], rank, data)
                     continue
+                splitter = LineSplitter()
                 with open(path, "rb") as fh:
                     for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        cut = chunk.rfind(b"\n") + 1 if len(chunk) == 1 << 20 else len(chunk)
-                        printer.write(host_of[rank], rank, chunk[:cut])
-                        if cut < len(chunk):
-                            fh.seek(cut - len(chunk), os.SEEK_CUR)
+                        printer.write(host_of[rank], rank, splitter.feed(chunk))
+                printer.write(host_of[rank], rank, splitter.flush())
 
         stop_flag: List[bool] = []
         previous = signal.signal(signal.SIGINT, lambda s, f: stop_flag.append(True))

@@ -103,7 +103,7 @@ class Runner:
         self.store.create(self.run_id, self.inv.path, inventory_snapshot(self.inv), plan_to_dict(plan),
                           controller_identity(), [{"node_rank": n.node_rank, "name": n.host.name} for n in plan.nodes],
                           [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks])
-        started: List[int] = []
+        pushed: List[int] = []  # hosts whose push completed: what a failure before the run must undo
         try:
             self._phase("connect", lambda: self._fan_out("connect", plan.nodes, self._connect_node))
             if plan.master_port is None:
@@ -111,8 +111,8 @@ class Runner:
                 plan = build_plan(self.inv, self.run_id, master_port=port)
                 self.store.update_run(self.run_id, plan=plan_to_dict(plan))
                 self._emit(Notice(f"MASTER_PORT={port} (free on {plan.nodes[0].host.name})"))
-            self._phase("push", lambda: self._fan_out("push", plan.nodes, lambda n: self._push(n, manifest)))
-            self._phase("start", lambda: self._start_all(plan, started))
+            self._phase("push", lambda: self._fan_out("push", plan.nodes, lambda n: self._push(n, manifest, pushed)))
+            self._phase("start", lambda: self._start_all(plan))
             if self._detach:
                 self.store.update_run(self.run_id, state="running", detached=1, controller=None)
                 return RunOutcome(self.run_id, "running", EXIT_OK, "detached", seconds=self._elapsed(),
@@ -126,12 +126,12 @@ class Runner:
             return RunOutcome(**{**asdict_shallow(outcome), "phases": tuple(self._phases) +
                                  (("run", outcome.seconds),), "seconds": self._elapsed()})
         except Interrupted:
-            if started:
-                self._stop_started(plan, started, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
+            if pushed:
+                self._undo(plan, pushed, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
             return self._finish("interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)")
         except HostsFailed as exc:
-            if started:
-                self._stop_started(plan, started, grace=0.0)
+            if pushed:
+                self._undo(plan, pushed, grace=0.0)
             self._finish("failed", exc.exit_code, str(exc))
             raise
         finally:
@@ -233,7 +233,7 @@ class Runner:
         self._post(HostDone("connect", node.host.name, time.monotonic() - t))
         return agent
 
-    def _push(self, node: NodePlan, manifest: Manifest) -> None:
+    def _push(self, node: NodePlan, manifest: Manifest, pushed: List[int]) -> None:
         t = time.monotonic()
         total = manifest.total_bytes
         sent = [0]
@@ -244,6 +244,7 @@ class Runner:
 
         self.store.update_host(self.run_id, node.node_rank, state="pushing")
         result = self._agent(node.node_rank).sync(self.run_id, manifest, progress)
+        pushed.append(node.node_rank)
         self.store.update_host(self.run_id, node.node_rank, state="pushed", pushed_bytes=result.sent_bytes,
                                push_seconds=round(result.seconds, 4))
         self._post(HostDone("push", node.host.name, time.monotonic() - t,
@@ -255,33 +256,33 @@ class Runner:
                 "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": rank_env(plan, r, self._secrets)}
                           for r in node.ranks]}
 
-    def _start_node(self, plan: LaunchPlan, node: NodePlan, started: List[int]) -> None:
+    def _start_node(self, plan: LaunchPlan, node: NodePlan) -> None:
         t = time.monotonic()
         state = self._agent(node.node_rank).start(plan.run_id, self._spec(plan, node))
-        started.append(node.node_rank)
         pid = state.get("supervisor", {}).get("pid")
         self.store.update_host(self.run_id, node.node_rank, state="started", supervisor_pid=pid)
         self._post(HostDone("start", node.host.name, time.monotonic() - t))
 
-    def _start_all(self, plan: LaunchPlan, started: List[int]) -> None:
+    def _start_all(self, plan: LaunchPlan) -> None:
         """Rank 0's host first (it hosts the rendezvous), then every other host at once."""
-        self._fan_out("start", plan.nodes[:1], lambda n: self._start_node(plan, n, started), interruptible=False)
+        self._fan_out("start", plan.nodes[:1], lambda n: self._start_node(plan, n), interruptible=False)
         if self._interrupts:
             raise Interrupted("start")
         if len(plan.nodes) > 1:
-            self._fan_out("start", plan.nodes[1:], lambda n: self._start_node(plan, n, started), interruptible=False)
+            self._fan_out("start", plan.nodes[1:], lambda n: self._start_node(plan, n), interruptible=False)
         if self._interrupts and not self._detach:
             raise Interrupted("start")
 
-    def _stop_started(self, plan: LaunchPlan, started: List[int], grace: float) -> None:
+    def _undo(self, plan: LaunchPlan, pushed: List[int], grace: float) -> None:
+        """Undo a launch that did not get to run: stop what started, remove what was only pushed."""
         def stop(node: NodePlan) -> None:
             self._agent(node.node_rank).stop(plan.run_id, grace)
             self.store.update_host(self.run_id, node.node_rank, state="stopped", cleanup="done")
 
-        nodes = [n for n in plan.nodes if n.node_rank in started]
+        nodes = [n for n in plan.nodes if n.node_rank in pushed]
         self._interrupts.clear()  # a stop must run to its end even after Ctrl-C
         try:
-            self._fan_out("stop", nodes, stop)
+            self._fan_out("stop", nodes, stop, interruptible=False)
         except HostsFailed as exc:
             for name in exc.failures:
                 node = next(n for n in nodes if n.host.name == name)

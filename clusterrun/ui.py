@@ -49,6 +49,8 @@ class LogPrinter:
         return self._prefix[key]
 
     def write(self, host: str, rank: int, data: bytes) -> None:
+        if not data:
+            return
         prefix = self.prefix(host, rank)
         lines = data.split(b"\n")
         if lines and lines[-1] == b"":
@@ -61,7 +63,7 @@ class RunView:
     """Renders a run's events: progress on stderr, logs on stdout."""
 
     def __init__(self, *, quiet: bool = False):
-        self.err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")), highlight=False)
+        self.err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=True)
         self.logs = LogPrinter()
         self.quiet = quiet
         self._live = self.err.is_terminal and not quiet

@@ -367,11 +367,17 @@ def cmd_listen(opts):
             conn, peer = sock.accept()
             seen += 1
             conn.settimeout(1.0)
-            try:
-                name = conn.recv(256).decode("utf-8", "replace").strip()
+            data = b""
+            try:  # to the peer's end: the side that closes first keeps TIME_WAIT, and it must not be the port
+                while len(data) < 256:
+                    chunk = conn.recv(256)
+                    if not chunk:
+                        break
+                    data += chunk
             except OSError:
-                name = ""
+                pass
             conn.close()
+            name = data.decode("utf-8", "replace").strip()
             say({"peer": peer[0], "name": name})
     finally:
         if sock is not None:

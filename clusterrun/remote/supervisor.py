@@ -566,8 +566,10 @@ def cmd_follow(run_dir, offsets_json, once=False):
 
 def cmd_stop(run_dir, grace):
     spec, state = load_state(run_dir, must_exist=False)
-    if spec is None:
-        reply({"stopped": [], "note": "not started"})
+    if spec is None:  # pushed (or partly) but never started: nothing runs, so the files go too
+        removed = os.path.isdir(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        reply({"exits": {}, "left": [], "note": "never started" + ("; pushed files removed" if removed else "")})
         return 0
     run_id = spec["run_id"]
     write_json_atomic(os.path.join(run_dir, "stop.json"), {"grace": grace, "requested_at": time.time()})

@@ -307,13 +307,14 @@ class CR:
     def run(self, *args, timeout: float = 180):
         import subprocess
 
-        return subprocess.run(self.argv(*args), capture_output=True, text=True, env=self.env, timeout=timeout)
+        return subprocess.run(self.argv(*args), capture_output=True, encoding="utf-8", errors="replace",
+                              env=self.env, timeout=timeout)
 
     def popen(self, *args):
         import subprocess
 
-        return subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=self.env)
+        return subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                encoding="utf-8", errors="replace", env=self.env)
 
     def ps(self) -> list[dict]:
         import json

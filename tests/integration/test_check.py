@@ -1,0 +1,190 @@
+"""clusterrun check on the container cluster: all pass on the healthy cluster, and each check broken on
+purpose (port taken, firewall, another Python, a host down, a folder that is not shared, an unknown
+host key) names the host and the problem. Also launch's `preflight` over real SSH connections."""
+
+import json
+import socket
+import time
+
+import pytest
+
+from clusterrun.check import preflight, preflight_error
+from clusterrun.check_rules import CHECKS
+from clusterrun.host_agent import make_connect
+from clusterrun.inventory import load_inventory
+
+pytestmark = pytest.mark.integration
+
+HOSTS = ["node0", "node1", "node2", "node3"]
+# SO_REUSEADDR: a connection of an earlier run in TIME_WAIT on the port must not stop the holder
+TAKE_PORT = ("python3 -c 'import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+             "socket.SO_REUSEADDR, 1); s.bind((\"\", int(sys.argv[1]))); s.listen(1); print(\"up\", flush=True); "
+             "time.sleep(120)' {port}")
+
+
+def check(cr, inv, timeout=120):
+    """(exit code, JSON report, seconds) of `clusterrun check --json`."""
+    t0 = time.monotonic()
+    done = cr.run("check", inv, "--json", timeout=timeout)
+    seconds = time.monotonic() - t0
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout), seconds
+
+
+def by_host(report):
+    return {h["host"]: h["checks"] for h in report["hosts"]}
+
+
+def statuses(report, check_name):
+    return {h: c[check_name]["status"] for h, c in by_host(report).items()}
+
+
+def test_the_healthy_cluster_passes_every_check(cr, cluster):
+    inv = cr.inventory()
+    code, report, seconds = check(cr, inv)
+    assert code == 0, report
+    assert report["ok"] and report["exit_code"] == 0 and report["checks"] == list(CHECKS)
+    assert report["master"] == {"addr": cluster.hosts[0].address, "port": 29500}
+    hosts = by_host(report)
+    assert list(hosts) == HOSTS and all(set(c) == set(CHECKS) for c in hosts.values())
+    for name, c in hosts.items():
+        assert {k: v["status"] for k, v in c.items() if v["status"] != "ok"} == \
+            ({"cuda": "skip", "shared": "skip"} if name == "node0" else {"cuda": "skip", "port": "skip", "shared": "skip"})
+        assert c["python"]["data"] == {"version": c["python"]["data"]["version"], "executable": "/opt/venv/bin/python"}
+        assert c["torch"]["data"]["version"] == "2.13.0+cpu"
+        assert c["iface"]["data"]["iface"] == "eth0" and c["iface"]["data"]["source"] == cluster.host(name).address
+    assert hosts["node0"]["port"]["detail"] == "29500 is free on node0"
+    print(f"\ncheck, 4 healthy hosts: {seconds:.2f} s (the report's own: {report['seconds']:.2f} s)")
+    table = cr.run("check", inv)
+    assert table.returncode == 0 and "all 4 hosts pass" in table.stdout
+    assert all(f"{h} " in table.stdout for h in HOSTS)
+
+
+def test_master_port_taken_on_node0_fails_the_port_check_and_names_the_holder(cr, ssh):
+    holder = ssh("node0").spawn(TAKE_PORT.format(port=29500))
+    try:
+        assert holder.readline(timeout=20).strip() == "up"
+        code, report, _ = check(cr, cr.inventory())
+    finally:
+        holder.kill()  # by its recorded process group
+    assert code == 3 and not report["ok"]
+    port = by_host(report)["node0"]["port"]
+    assert port["status"] == "fail" and "master port 29500 is in use on node0" in port["detail"]
+    assert f"pid {holder.pid}" in port["detail"] and "user cr" in port["detail"]
+    assert statuses(report, "connect") == dict.fromkeys(HOSTS, "skip")  # nothing of ours to connect to
+    assert [h["host"] for h in report["hosts"] if not h["ok"]] == ["node0"]
+
+
+def test_no_route_from_a_worker_to_the_master_fails_its_connect_check(cr, cluster):
+    cluster.block("node2", "node0")  # node2's packets to node0 go nowhere: connect fails at once
+    code, report, _ = check(cr, cr.inventory())
+    assert code == 3
+    assert statuses(report, "connect") == {"node0": "ok", "node1": "ok", "node2": "fail", "node3": "ok"}
+    connect = by_host(report)["node2"]["connect"]
+    assert "cannot reach" in connect["detail"] and "no route" in connect["detail"]
+    assert by_host(report)["node2"]["iface"]["status"] == "fail"
+
+
+def test_a_firewall_that_drops_packets_makes_the_connect_check_time_out(cr, cluster):
+    cluster.block("node0", "node2")  # node0's answers to node2 vanish: node2 waits, like behind a DROP rule
+    code, report, _ = check(cr, cr.inventory())
+    assert code == 3
+    assert statuses(report, "connect") == {"node0": "ok", "node1": "ok", "node2": "fail", "node3": "ok"}
+    connect = by_host(report)["node2"]["connect"]
+    assert connect["data"]["status"] == "timeout" and "a firewall drops the packets" in connect["detail"]
+    assert "allow TCP" in connect["hint"]
+
+
+def test_another_python_on_one_host_is_named(cr):
+    def edit(hosts):
+        hosts[2]["python"] = "/usr/bin/python3"  # Debian's Python: same 3.11, no torch
+        hosts[3]["python"] = "/usr/bin/python9"  # no such interpreter
+
+    code, report, _ = check(cr, cr.inventory(edit_hosts=edit))
+    assert code == 3
+    hosts = by_host(report)
+    assert statuses(report, "torch") == {"node0": "ok", "node1": "ok", "node2": "fail", "node3": "skip"}
+    assert "torch does not import with /usr/bin/python3" in hosts["node2"]["torch"]["detail"]
+    assert "No module named 'torch'" in hosts["node2"]["torch"]["detail"]
+    assert "torch 2.13.0+cpu" in hosts["node2"]["torch"]["hint"]
+    assert hosts["node2"]["python"]["status"] == "ok"  # same minor version: no mismatch to report
+    assert hosts["node3"]["python"]["status"] == "fail" and "no Python at /usr/bin/python9" in \
+        hosts["node3"]["python"]["detail"]
+    assert [h["host"] for h in report["hosts"] if not h["ok"]] == ["node2", "node3"]
+
+
+def test_an_unreachable_host_fails_alone_and_the_others_are_still_checked(cr, cluster):
+    cluster.crash("node3")
+    inv = cr.inventory()  # timeouts.connect: 5 s
+    code, report, seconds = check(cr, inv)
+    assert code == 3
+    hosts = by_host(report)
+    assert hosts["node3"]["ssh"]["status"] == "fail" and "unreachable" in hosts["node3"]["ssh"]["detail"]
+    assert {c["status"] for name, c in hosts["node3"].items() if name != "ssh"} == {"skip"}
+    assert [h["host"] for h in report["hosts"] if not h["ok"]] == ["node3"]
+    assert statuses(report, "connect") == {"node0": "ok", "node1": "ok", "node2": "ok", "node3": "skip"}
+    print(f"\ncheck, node3 down (connect timeout 5 s): {seconds:.2f} s")
+    assert seconds < 5 + 15  # the other hosts' checks ran while node3's connect waited
+
+
+def test_file_init_needs_one_shared_folder(cr, cluster):
+    code, report, _ = check(cr, cr.inventory(job={"init_method": "file", "shared_dir": "/shared"}))
+    assert code == 0, report
+    assert statuses(report, "shared") == dict.fromkeys(HOSTS, "ok")
+    assert by_host(report)["node1"]["shared"]["detail"] == "sees node0's test file in /shared"
+    assert [p.name for p in cluster.shared_dir.iterdir() if p.name.startswith(".clusterrun-check")] == []
+    code, report, _ = check(cr, cr.inventory(job={"init_method": "file", "shared_dir": "/tmp"}))
+    assert code == 3
+    assert statuses(report, "shared") == {"node0": "ok", "node1": "fail", "node2": "fail", "node3": "fail"}
+    assert "/tmp is not shared with node0" in by_host(report)["node1"]["shared"]["detail"]
+    rc, out, _ = cluster.exec("node0", ["sh", "-c", "ls -a /tmp"])
+    assert ".clusterrun-check" not in out  # the token file went with the listener
+
+
+def test_an_unknown_host_key_is_refused_by_the_strict_policy(cr, tmp_path):
+    empty = tmp_path / "known_hosts_empty"
+    empty.write_text("")
+
+    def edit(hosts):
+        hosts[1]["known_hosts"] = str(empty)
+
+    code, report, _ = check(cr, cr.inventory(edit_hosts=edit))
+    assert code == 3
+    ssh_check = by_host(report)["node1"]["ssh"]
+    assert ssh_check["status"] == "fail" and "policy strict refuses hosts not in known_hosts" in ssh_check["detail"]
+    assert "ssh-keyscan" in ssh_check["hint"]
+    assert [h["host"] for h in report["hosts"] if not h["ok"]] == ["node1"]
+
+
+def test_preflight_over_open_connections(cr, ssh):
+    def edit(hosts):
+        hosts[1]["python"] = "/usr/bin/python9"
+
+    inv = load_inventory(str(cr.inventory(edit_hosts=edit)))
+    connect = make_connect(inv.timeouts)
+    agents = {i: connect(h) for i, h in enumerate(inv.hosts)}
+    holder = ssh("node0").spawn(TAKE_PORT.format(port=29500))
+    try:
+        assert holder.readline(timeout=20).strip() == "up"
+        t0 = time.monotonic()
+        problems = preflight(inv, agents, manifest_bytes=10_000)
+        seconds = time.monotonic() - t0
+        assert preflight(inv, {2: agents[2], 3: agents[3]}, manifest_bytes=10_000) == []
+    finally:
+        holder.kill()
+        for agent in agents.values():
+            agent.close()
+    assert {(p.host, p.check, p.status) for p in problems} == {("node0", "port", "fail"), ("node1", "python", "fail")}
+    error = preflight_error(problems)
+    assert sorted(error.failures) == ["node0", "node1"] and "/usr/bin/python9" in str(error)
+    print(f"\npreflight, 4 hosts over open connections: {seconds * 1000:.0f} ms")
+    assert seconds < 5
+
+
+def test_nothing_is_left_listening_after_a_check(cr, cluster):
+    code, _, _ = check(cr, cr.inventory())
+    assert code == 0
+    sock = socket.create_connection((cluster.hosts[1].address, 22), timeout=5)  # the host is up ...
+    sock.close()
+    with pytest.raises(OSError):  # ... and the listener is gone from the master port
+        socket.create_connection((cluster.hosts[0].address, 29500), timeout=2).close()
