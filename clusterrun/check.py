@@ -1,4 +1,4 @@
-"""`clusterrun check`: a preflight doctor for every host, and `preflight`, launch's fast subset of it.
+"""`clusterrun check`: a preflight doctor for every host (launch's fast subset is preflight.py).
 
 One pass, every host in parallel and none waiting for another except for rank 0's listener:
 connect → (rank 0's host) bind the master port and write a token in the shared folder → on each host
@@ -13,16 +13,16 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from .check_net import connect_result, iface_result, shared_result
 from .check_probe import Listener, ProbeAnswer, Started, probe_argv, run_probe
 from .check_render import render_checks  # noqa: F401  (the CLI's entry point lives here too)
-from .check_rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckProblem, CheckResult, HostReport, Report,
-                          clock_result, clock_skew, cuda_result, disk_result, port_text, probe_failed,
-                          python_results, shell_noise, ssh_failed, torch_results)
-from .errors import ClusterrunError, ConnectError, HostError, HostsFailed, PreflightError, RemoteCommandError
+from .check_rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result,
+                          clock_skew, cuda_result, disk_result, port_text, probe_failed, python_results, shell_noise,
+                          ssh_failed, torch_results)
+from .errors import ClusterrunError, HostError, RemoteCommandError
 from .host_agent import HostAgent, make_connect
 from .inventory import Host, Inventory
 
@@ -82,7 +82,7 @@ def _ssh_ok(host: Host, seconds: float) -> CheckResult:
     meaning = {"strict": "strict: unknown hosts refused",
                "accept-new": "accept-new: new hosts recorded, changed keys refused"}.get(host.host_key_policy, "")
     return CheckResult("ssh", OK, f"{host.user + '@' if host.user else ''}{host.host} in {seconds * 1000:.0f} ms; "
-                                  f"host key verified ({meaning}); login shell runs commands", "",
+                                  f"host key verified ({meaning})", "",
                        f"{seconds * 1000:.0f} ms", {"seconds": round(seconds, 4), "policy": host.host_key_policy})
 
 
@@ -170,10 +170,18 @@ def run_checks(inv: Inventory, *, connect: Optional[Callable[[Host], HostAgent]]
                             reach)
         return Observed(host, node_rank, ssh, answer, reach=reach)
 
+    def guarded(node_rank: int, host: Host) -> Observed:
+        try:
+            return observe(node_rank, host)
+        except Exception as exc:  # a bug or an unexpected library error: still report every other host
+            if node_rank == 0:
+                ready.set()
+            return Observed(host, node_rank, CheckResult("ssh", FAIL, f"check failed: {exc!r}", "", "error"))
+
     pool = ThreadPoolExecutor(max_workers=min(64, len(inv.hosts)) + 1, thread_name_prefix="check")
     try:
         push = pool.submit(_push_size, inv)  # hashing the job overlaps the network work
-        futures = [pool.submit(observe, i, h) for i, h in enumerate(inv.hosts)]
+        futures = [pool.submit(guarded, i, h) for i, h in enumerate(inv.hosts)]
         observed = [f.result() for f in futures]
         listener = box.get("listener")
         seen = None
@@ -218,8 +226,8 @@ def evaluate(inv: Inventory, observed: List[Observed], listener: Optional[Listen
     hosts = []
     for o in observed:
         name, f = o.host.name, o.facts
-        first = shell_noise(o.answer.noise) if o.answer else None
-        results = [first or o.ssh]
+        noise = shell_noise(o.answer.noise) if o.answer else None
+        results = [noise or (replace(o.ssh, detail=o.ssh.detail + "; the login shell runs commands") if f else o.ssh)]
         if f is None:
             results.append(o.failure or CheckResult("python", SKIP, "host not reachable", "", "·"))
             why = "host not reachable" if o.ssh.status == FAIL else "the probe did not run"
@@ -255,75 +263,3 @@ def evaluate(inv: Inventory, observed: List[Observed], listener: Optional[Listen
         notes.append(f"clocks differ by {max(skews.values()) - min(skews.values()):.1f} s between "
                      f"{max(skews, key=skews.get)} and {min(skews, key=skews.get)}")
     return Report(tuple(hosts), master_addr, port, seconds, tuple(notes))
-
-
-# ------------------------------------------------------------------ launch's preflight
-
-
-def preflight(inv: Inventory, agents: Mapping[int, HostAgent], manifest_bytes: int) -> List[CheckProblem]:
-    """The cheap checks over connections already open, one round trip per host, all hosts at once.
-
-    Python runs and every host has the same minor version; the workdir has room for the push; rank 0's
-    master port is free (when the inventory fixes it). torch is never imported. Returns every warning
-    and failure (status "warn" or "fail"), ordered by node rank; an empty list means: go.
-    """
-    port = inv.master_port
-
-    def one(item: Tuple[int, HostAgent]):
-        node_rank, agent = item
-        opts = {"workdir": agent.host.workdir}
-        if node_rank == 0 and port is not None:
-            opts.update(port=port, master_addr=inv.hosts[0].master_addr)
-        try:
-            return run_probe(agent.transport, agent.host.python, "quick", opts, timeout=inv.timeouts.command)
-        except HostError as exc:
-            if isinstance(exc, RemoteCommandError) and exc.exit_code == 127:
-                return probe_failed(agent.host.python, 127, exc.message)
-            return exc
-
-    items = sorted(agents.items())
-    with ThreadPoolExecutor(max_workers=min(64, max(1, len(items))), thread_name_prefix="preflight") as pool:
-        answers = dict(zip([r for r, _ in items], pool.map(one, items)))
-    problems: List[CheckProblem] = []
-    facts: Dict[str, dict] = {}
-    for node_rank, agent in items:
-        name, answer = agent.host.name, answers[node_rank]
-        if isinstance(answer, CheckResult):
-            problems.append(CheckProblem(name, node_rank, answer.name, answer.status, answer.detail, answer.hint))
-            continue
-        if isinstance(answer, HostError):
-            problems.append(CheckProblem(name, node_rank, "ssh" if isinstance(answer, ConnectError) else "python",
-                                         FAIL, f"{answer.reason}: {answer.message}", answer.hint))
-            continue
-        noise = shell_noise(answer.noise)
-        if noise:
-            problems.append(CheckProblem(name, node_rank, "ssh", FAIL, noise.detail, noise.hint))
-        found = answer.find("python")
-        if found is None:
-            bad = probe_failed(agent.host.python, answer.exit_code, answer.stderr)
-            problems.append(CheckProblem(name, node_rank, "python", FAIL, bad.detail, bad.hint))
-            continue
-        facts[name] = found[1]
-    pythons, _ = python_results(facts)
-    for node_rank, agent in items:
-        f = facts.get(agent.host.name)
-        if f is None:
-            continue
-        found = [pythons[agent.host.name], disk_result(f["disk"], manifest_bytes)]
-        if "port" in f:
-            found.append(port_text(f["port"], port, agent.host.name))
-        problems += [CheckProblem(agent.host.name, node_rank, r.name, r.status, r.detail, r.hint)
-                     for r in found if r.status in (FAIL, "warn")]
-    return problems
-
-
-def preflight_error(problems: List[CheckProblem]) -> Optional[HostsFailed]:
-    """The failures of preflight() as one error naming every host (None when nothing failed)."""
-    failures: Dict[str, HostError] = {}
-    for p in problems:
-        if p.status != FAIL:
-            continue
-        old = failures.get(p.host)
-        failures[p.host] = PreflightError(p.host, f"{old.message}; {p.detail}" if old else p.detail,
-                                          hint=old.hint if old and old.hint else p.hint)
-    return HostsFailed("preflight", failures) if failures else None

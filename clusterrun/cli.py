@@ -137,7 +137,7 @@ def _launch(inv: Inventory, run_id: str, secrets: dict, detach: bool) -> None:
     from .ui import RunView
 
     store = _store()
-    view = RunView()
+    view = RunView(secrets=secrets.values())
     runner = Runner(inv, run_id, store=store, connect=make_connect(inv.timeouts), secrets=secrets, emit=view.handle,
                     detach=detach, hash_cache=HashCache(os.path.join(store.home, "hashes.json")))
     err.print(Text(f"run {run_id}: {sum(h.slots for h in inv.hosts)} ranks on {len(inv.hosts)} hosts", style="bold"))
@@ -233,11 +233,13 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
     from .run_ops import fetch_logs
     from .ui import LogPrinter
 
-    printer = LogPrinter()
     try:
         store = _store()
         run_id = store.resolve(run)
         record = store.get(run_id)
+        # mask the run's secrets where this shell has their values
+        names = record.plan.get("secret_names", [])
+        printer = LogPrinter(secrets=[os.environ[n] for n in names if n in os.environ])
         host_of = {r["rank"]: r["host"] for r in record.ranks}
         wanted = set(ranks) if ranks else set(host_of)
         unknown = wanted - set(host_of)

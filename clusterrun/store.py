@@ -176,8 +176,13 @@ class RunStore:
     # -------------------------------------------------------------- local log copies
 
     def log_dir(self, run_id: str) -> str:
-        path = os.path.join(self.home, "runs", run_id)
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        runs = os.path.join(self.home, "runs")
+        path = os.path.join(runs, run_id)
+        for folder in (runs, path):  # makedirs' mode applies to the last folder only
+            try:
+                os.mkdir(folder, 0o700)
+            except FileExistsError:
+                pass
         return path
 
     def log_path(self, run_id: str, rank: int) -> str:

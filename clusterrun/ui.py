@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import BinaryIO, Dict, Optional
+from typing import BinaryIO, Dict, Iterable, List, Optional, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
@@ -29,12 +29,31 @@ def color_wanted(stream) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
-class LogPrinter:
-    """Prefixes each line with `[host rR] ` (coloured per host) and writes bytes to stdout."""
+MASK = b"***"
+MIN_MASKED = 4  # shorter values would garble ordinary output ("1" everywhere); such secrets are not secret
 
-    def __init__(self, out: Optional[BinaryIO] = None, color: Optional[bool] = None):
+
+def maskable(secrets: Iterable[str]) -> List[bytes]:
+    return sorted((v.encode() for v in secrets if len(v) >= MIN_MASKED), key=len, reverse=True)
+
+
+def mask_text(text: str, secrets: Sequence[bytes]) -> str:
+    for value in secrets:
+        text = text.replace(value.decode(), MASK.decode())
+    return text
+
+
+class LogPrinter:
+    """Prefixes each line with `[host rR] ` (coloured per host) and writes bytes to stdout.
+
+    Secret values are masked in what is shown, even when a rank prints one (the log files on the host
+    and the local copies keep the exact bytes, readable by their owner only)."""
+
+    def __init__(self, out: Optional[BinaryIO] = None, color: Optional[bool] = None,
+                 secrets: Iterable[str] = ()):
         self.out = out or sys.stdout.buffer
         self.color = color_wanted(sys.stdout) if color is None else color
+        self.secrets = maskable(secrets)
         self._prefix: Dict[tuple, bytes] = {}
         self._host_color: Dict[str, str] = {}
 
@@ -51,6 +70,9 @@ class LogPrinter:
     def write(self, host: str, rank: int, data: bytes) -> None:
         if not data:
             return
+        for value in self.secrets:
+            if value in data:
+                data = data.replace(value, MASK)
         prefix = self.prefix(host, rank)
         lines = data.split(b"\n")
         if lines and lines[-1] == b"":
@@ -62,9 +84,9 @@ class LogPrinter:
 class RunView:
     """Renders a run's events: progress on stderr, logs on stdout."""
 
-    def __init__(self, *, quiet: bool = False):
+    def __init__(self, *, quiet: bool = False, secrets: Iterable[str] = ()):
         self.err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=True)
-        self.logs = LogPrinter()
+        self.logs = LogPrinter(secrets=secrets)
         self.quiet = quiet
         self._live = self.err.is_terminal and not quiet
         self._progress: Optional[Progress] = None
@@ -141,7 +163,7 @@ class RunView:
             if rc.tail:
                 err.print(Text(f"last lines of rank {rc.rank}:", style="bold"))
                 for line in rc.tail:
-                    err.print(Text("  " + line))
+                    err.print(Text("  " + mask_text(line, self.logs.secrets)))
             others = [r for r in outcome.ranks if r.state in ("failed", "lost") and r.rank != rc.rank]
             if others:
                 err.print(Text("other failed ranks: " + ", ".join(f"r{r.rank} on {r.host} ({r.describe()})"

@@ -59,3 +59,10 @@ def test_printer_colours_per_host():
     p.write("b", 1, b"y\n")
     a, b = out.getvalue().split(b"\n")[:2]
     assert a.startswith(b"\x1b[") and b"[a r0]" in a and a.split(b"m", 1)[0] != b.split(b"m", 1)[0]
+
+
+def test_printer_masks_secret_values_it_is_given():
+    out = io.BytesIO()
+    p = LogPrinter(out=out, color=False, secrets=["hunter2-long", "x"])  # "x" is too short to mask
+    p.write("h", 0, b"token=hunter2-long and x\n")
+    assert out.getvalue() == b"[h r0] token=*** and x\n"

@@ -1,0 +1,430 @@
+"""`clusterrun check` without a network: the pure rules (versions, clock, interfaces, ports, disk,
+shared folder), the report's table and JSON, and the host-side probe and `preflight` through the local
+transport (real processes and sockets on this machine)."""
+
+import json
+import os
+import socket
+import sys
+import textwrap
+
+import pytest
+from rich.console import Console
+
+from clusterrun.check import ListenerSeen, Observed, evaluate, run_checks
+from clusterrun.check_net import connect_result, iface_result, shared_result
+from clusterrun.check_probe import Listener, ProbeAnswer, run_probe
+from clusterrun.check_render import render_checks
+from clusterrun.check_rules import (CHECKS, CheckResult, HostReport, Report, clock_result, clock_skew, cuda_result,
+                                    disagreement, disk_result, group_versions, port_text, probe_failed,
+                                    python_results, shell_noise, ssh_failed, torch_results)
+from clusterrun.errors import AuthError, ConnectError, HostKeyChanged, HostKeyUnknown, HostsFailed
+from clusterrun.host_agent import HostAgent
+from clusterrun.inventory import Host, Timeouts, parse_inventory
+from clusterrun.preflight import preflight, preflight_error
+from clusterrun.transport.local import LocalTransport
+
+# ------------------------------------------------------------------ versions across hosts
+
+
+def test_versions_are_grouped_largest_first_and_unknown_left_out():
+    groups = group_versions({"a": "3.11", "b": "3.10", "c": "3.11", "d": None})
+    assert groups == [("3.11", ["a", "c"]), ("3.10", ["b"])]
+
+
+def test_the_odd_host_is_named_with_what_the_others_have():
+    odd, note = disagreement("Python", {"n0": "3.11", "n1": "3.11", "n2": "3.9", "n3": "3.11"})
+    assert list(odd) == ["n2"]
+    assert odd["n2"] == "Python 3.9 here, but 3.11 on n0, n1, n3"
+    assert note == "Python differs between hosts: 3.11 on n0, n1, n3; 3.9 on n2"
+
+
+def test_a_tie_has_no_majority_so_every_host_is_named():
+    odd, note = disagreement("torch", {"n0": "2.13.0", "n1": "2.14.1"})
+    assert odd == {"n0": "torch 2.13.0 here, but 2.14.1 on n1", "n1": "torch 2.14.1 here, but 2.13.0 on n0"}
+    assert disagreement("torch", {"n0": "2.13.0", "n1": "2.13.0"}) == ({}, None)
+
+
+def test_python_agreement_is_on_the_minor_version():
+    facts = {"n0": {"python": "3.11.2", "executable": "/v/python"}, "n1": {"python": "3.11.9", "executable": "/p"},
+             "n2": {"python": "3.10.1", "executable": "/usr/bin/python3"}}
+    results, notes = python_results(facts)
+    assert [results[h].status for h in ("n0", "n1", "n2")] == ["ok", "ok", "fail"]
+    assert "3.10 here, but 3.11 on n0, n1" in results["n2"].detail and "/usr/bin/python3" in results["n2"].detail
+    assert notes == ["Python differs between hosts: 3.11 on n0, n1; 3.10 on n2"]
+
+
+def test_torch_missing_fails_that_host_and_asks_for_the_others_version():
+    torch = {"n0": {"version": "2.13.0+cpu"}, "n1": {"error": "ModuleNotFoundError: No module named 'torch'"},
+             "n2": {"version": "2.13.0+cpu"}}
+    results, notes = torch_results(torch, {"n1": "/usr/bin/python3"})
+    assert results["n1"].status == "fail"
+    assert "/usr/bin/python3" in results["n1"].detail and "No module named 'torch'" in results["n1"].detail
+    assert "torch 2.13.0+cpu" in results["n1"].hint
+    assert results["n0"].status == results["n2"].status == "ok" and notes == []
+
+
+def test_torch_release_mismatch_fails_but_a_build_or_torchvision_difference_warns():
+    results, notes = torch_results({"n0": {"version": "2.13.0+cpu"}, "n1": {"version": "2.13.0+cpu"},
+                                    "n2": {"version": "2.14.1+cpu"}}, {})
+    assert [results[h].status for h in ("n0", "n1", "n2")] == ["ok", "ok", "fail"]
+    assert "2.14.1 here, but 2.13.0 on n0, n1" in results["n2"].detail
+    results, _ = torch_results({"n0": {"version": "2.13.0+cpu"}, "n1": {"version": "2.13.0+cpu"},
+                                "n2": {"version": "2.13.0+cu121"}}, {})
+    assert [results[h].status for h in ("n0", "n1", "n2")] == ["ok", "ok", "warn"]
+    results, notes = torch_results({"n0": {"version": "2.13.0", "torchvision": "0.28.0"},
+                                    "n1": {"version": "2.13.0", "torchvision": "0.28.0"}, "n2": {"version": "2.13.0"}},
+                                   {})
+    assert results["n2"].status == "warn" and "torchvision none here" in results["n2"].detail
+    assert notes == ["torchvision differs between hosts: 0.28.0 on n0, n1; none on n2"]
+
+
+def test_cuda_matters_only_for_nccl_and_must_cover_the_slots():
+    cpu = {"version": "2.13.0+cpu", "cuda": False, "devices": 0, "cuda_build": None}
+    assert cuda_result("gloo", 2, cpu).status == "skip"
+    bad = cuda_result("nccl", 2, cpu)
+    assert bad.status == "fail" and "CPU build" in bad.detail
+    gpus = {"version": "2.13.0", "cuda": True, "devices": 1, "nccl": True, "nccl_version": "2.21.5",
+            "cuda_build": "12.4", "device_names": ["H200"]}
+    few = cuda_result("nccl", 2, gpus)
+    assert few.status == "fail" and "slots: 2 but only 1 GPU" in few.detail and "slots: 1" in few.hint
+    good = cuda_result("nccl", 1, gpus)
+    assert good.status == "ok" and "NCCL 2.21.5" in good.detail
+    assert cuda_result("nccl", 1, {**gpus, "nccl": False}).status == "fail"
+
+
+# ------------------------------------------------------------------ clock, disk, port
+
+
+def test_skew_is_measured_against_the_midpoint_of_the_round_trip():
+    skew, err = clock_skew(sent=100.0, host_time=105.2, received=100.4)
+    assert skew == pytest.approx(5.0) and err == pytest.approx(0.2)
+
+
+def test_clock_thresholds_and_a_slow_round_trip_is_not_skew():
+    assert clock_result(100.0, 100.05, 100.1).status == "ok"
+    assert clock_result(100.0, 102.6, 100.2).status == "warn"  # 2.5 s ahead
+    late = clock_result(100.0, 60.0, 100.2)
+    assert late.status == "fail" and "behind" in late.detail and "Kerberos" in late.detail and "NTP" in late.hint
+    # 1.5 s off the midpoint, but a 4 s round trip cannot tell that from no skew at all
+    assert clock_result(100.0, 103.5, 104.0).status == "ok"
+
+
+def test_disk_against_the_push_size():
+    disk = {"path": "/home/cr/.clusterrun", "exists": True, "checked": "/home/cr/.clusterrun", "free": 5_000_000,
+            "writable": True}
+    full = disk_result(disk, 6_000_000)
+    assert full.status == "fail" and "5.0 MB free" in full.detail and "6.0 MB" in full.detail
+    assert disk_result(disk, 1_000_000).status == "warn"  # no room left beside it for logs and checkpoints
+    assert disk_result({**disk, "free": 50 << 30}, 1_000_000).status == "ok"
+    assert disk_result({**disk, "writable": False}, 10).status == "fail"
+    assert disk_result({**disk, "free": 50 << 30}, None).status == "ok"  # no script: nothing to compare
+
+
+def test_port_in_use_names_who_holds_it():
+    taken = port_text({"free": False, "error": "EADDRINUSE Address already in use",
+                       "holder": {"pid": 81, "command": "python3 -m http.server 29500", "user": "cr"}}, 29500, "node0")
+    assert taken.status == "fail" and "29500 is in use on node0" in taken.detail
+    assert "pid 81 python3 -m http.server" in taken.detail and "user cr" in taken.detail
+    assert port_text({"free": True, "port": 41000}, None, "node0").detail == "auto: 41000 is free on node0"
+
+
+# ------------------------------------------------------------------ network and shared folder
+
+
+NET = {"master_ip": "10.0.0.10", "source": "10.0.0.11", "hostname": "n1", "hostname_addrs": ["10.0.0.11"],
+       "interfaces": [{"name": "lo", "addr": "127.0.0.1", "up": True}, {"name": "eth0", "addr": "10.0.0.11", "up": True}]}
+TWO = NET["interfaces"] + [{"name": "ib0", "addr": "192.168.5.11", "up": True}]
+
+
+def test_one_interface_needs_no_hint():
+    r = iface_result(NET, "gloo", {}, multi_host=True)
+    assert (r.status, r.short, r.hint) == ("ok", "eth0", "")
+    assert r.detail == "10.0.0.11 via eth0 to 10.0.0.10"
+
+
+def test_several_interfaces_suggest_the_one_toward_the_master():
+    gloo = iface_result({**NET, "interfaces": TWO}, "gloo", {}, multi_host=True)
+    assert gloo.status == "ok" and "GLOO_SOCKET_IFNAME: eth0" in gloo.hint
+    nccl = iface_result({**NET, "interfaces": TWO}, "nccl", {}, multi_host=True)
+    assert nccl.status == "warn" and "NCCL_SOCKET_IFNAME: eth0" in nccl.hint
+
+
+def test_a_hostname_on_loopback_breaks_gloo_across_hosts_but_not_on_one_machine():
+    net = {**NET, "hostname_addrs": ["127.0.1.1"]}
+    r = iface_result(net, "gloo", {}, multi_host=True)
+    assert r.status == "fail" and "127.0.1.1" in r.detail and "GLOO_SOCKET_IFNAME: eth0" in r.hint
+    assert iface_result(net, "gloo", {}, multi_host=False).status == "ok"
+    assert iface_result(net, "gloo", {"GLOO_SOCKET_IFNAME": "eth0"}, multi_host=True).status == "ok"
+    other = iface_result({**NET, "interfaces": TWO, "hostname_addrs": ["192.168.5.11"]}, "gloo", {}, True)
+    assert other.status == "warn" and "ib0" in other.detail and "GLOO_SOCKET_IFNAME: eth0" in other.hint
+
+
+def test_a_socket_ifname_that_does_not_exist_fails():
+    r = iface_result(NET, "gloo", {"GLOO_SOCKET_IFNAME": "ens5"}, multi_host=True)
+    assert r.status == "fail" and "no IPv4 interface ens5" in r.detail and "eth0" in r.hint
+
+
+def test_no_route_and_a_loopback_master_fail():
+    assert iface_result({**NET, "route_error": "EINVAL Invalid argument"}, "gloo", {}, True).status == "fail"
+    loop = iface_result({**NET, "master_ip": "127.0.0.1", "source": "127.0.0.1"}, "gloo", {}, True)
+    assert loop.status == "fail" and "loopback" in loop.detail
+
+
+@pytest.mark.parametrize("connect, status, words", [
+    ({"status": "ok", "ms": 0.4}, "ok", "10.0.0.10:29500 in 0.4 ms"),
+    ({"status": "timeout", "seconds": 3.0}, "fail", "a firewall drops the packets"),
+    ({"status": "refused"}, "fail", "refused"),
+    ({"status": "unreachable", "error": "ENETUNREACH Network is unreachable"}, "fail", "no route"),
+])
+def test_connect_results(connect, status, words):
+    r = connect_result({**NET, "connect": connect}, "10.0.0.10", 29500, "node0")
+    assert r.status == status and words in r.detail
+
+
+def test_a_connection_the_listener_never_saw_went_elsewhere():
+    r = connect_result({**NET, "connect": {"status": "ok", "ms": 1}}, "10.0.0.10", 29500, "node0", seen=False)
+    assert r.status == "warn" and "did not see" in r.detail
+    skipped = connect_result(NET, "10.0.0.10", 29500, "node0", skipped="the master port is taken on node0")
+    assert (skipped.status, skipped.detail) == ("skip", "the master port is taken on node0")
+
+
+def test_shared_folder_results():
+    ok = {"status": "ok"}
+    args = dict(init_method="file", shared_dir="/tmp", rank0="node0")
+    assert shared_result("env", None, "node0", is_rank0=False, written=None, read=None).status == "skip"
+    assert shared_result(**args, is_rank0=True, written=ok, read=None).status == "ok"
+    missing = shared_result(**args, is_rank0=False, written=ok, read={"status": "missing", "dir_exists": True})
+    assert missing.status == "fail" and "/tmp is not shared with node0" in missing.detail
+    assert shared_result(**args, is_rank0=False, written=ok,
+                         read={"status": "ok", "dir_exists": True, "writable": True}).status == "ok"
+    assert shared_result(**args, is_rank0=False, written=ok,
+                         read={"status": "ok", "dir_exists": True, "writable": False}).status == "fail"
+    no_write = shared_result(**args, is_rank0=True, written={"status": "error", "error": "EACCES"}, read=None)
+    assert no_write.status == "fail" and "EACCES" in no_write.detail
+
+
+# ------------------------------------------------------------------ ssh and the probe's failures
+
+
+@pytest.mark.parametrize("exc, short, words", [
+    (ConnectError("n1", "no answer from 10.0.0.11:22 within 5 s"), "unreachable", "unreachable: no answer"),
+    (AuthError("n1", "no key was accepted"), "auth", "authentication failed"),
+    (HostKeyUnknown("n1", "10.0.0.11 is not in kh", fingerprint="SHA256:x", hint="add it"), "key unknown",
+     "policy strict refuses"),
+    (HostKeyChanged("n1", "the key changed", fingerprint="SHA256:x", hint="verify"), "key changed",
+     "fatal under every policy"),
+])
+def test_connection_errors_become_the_ssh_check(exc, short, words):
+    r = ssh_failed(exc)
+    assert (r.status, r.short) == ("fail", short) and words in r.detail and r.hint == exc.hint
+
+
+def test_a_chatty_login_shell_and_a_missing_python():
+    assert shell_noise("") is None
+    noisy = shell_noise("Welcome to node1!\n")
+    assert noisy.status == "fail" and "Welcome to node1!" in noisy.detail and ".bashrc" in noisy.hint
+    missing = probe_failed("/usr/bin/python9", 127, "bash: line 1: /usr/bin/python9: No such file or directory\n")
+    assert missing.status == "fail" and missing.short == "missing" and "/usr/bin/python9" in missing.detail
+
+
+# ------------------------------------------------------------------ evaluate, table, JSON
+
+
+def _inv(tmp_path, hosts=2, extra=""):
+    (tmp_path / "job.py").write_text("print(1)\n")
+    lines = "\n".join(f"  - {{name: n{i}, host: 10.0.0.1{i}}}" for i in range(hosts))
+    text = f"version: 1\nhosts:\n{lines}\njob: {{script: job.py{extra}}}\n"
+    return parse_inventory(text, str(tmp_path / "inv.yaml"))
+
+
+def _facts(python="3.11.2", torch="2.13.0+cpu", source="10.0.0.11"):
+    return {"python": python, "executable": "/opt/venv/bin/python",
+            "disk": {"path": "/h/.clusterrun", "exists": True, "checked": "/h/.clusterrun", "free": 50 << 30,
+                     "writable": True},
+            "net": {**NET, "source": source, "hostname_addrs": [source],
+                    "interfaces": [{"name": "eth0", "addr": source, "up": True}]},
+            "torch": {"version": torch, "cuda": False, "devices": 0}}
+
+
+def _observed(inv, i, facts, reach=None):
+    answer = ProbeAnswer(100.0, ((100.02, {"time": 100.01}), (103.0, {"facts": facts})), "", 0, "")
+    return Observed(inv.hosts[i], i, CheckResult("ssh", "ok", "connected", "", "9 ms"), answer, reach=reach)
+
+
+def test_evaluate_judges_all_hosts_together(tmp_path):
+    inv = _inv(tmp_path, hosts=3)
+    listener = ListenerSeen({"ready": True, "pid": 1, "port": {"free": True, "port": 29500}}, "",
+                            (("10.0.0.10", "n0"), ("10.0.0.11", "n1")))
+    ok = {"connect": {"status": "ok", "ms": 0.3}}
+    observed = [_observed(inv, 0, _facts(source="10.0.0.10"), ok), _observed(inv, 1, _facts(python="3.10.4"), ok),
+                Observed(inv.hosts[2], 2, ssh_failed(ConnectError("n2", "no answer")))]
+    report = evaluate(inv, observed, listener, "10.0.0.10", 29500, push_bytes=1000)
+    assert [h.host for h in report.hosts] == ["n0", "n1", "n2"] and not report.ok
+    n0, n1, n2 = report.hosts
+    assert [r.name for r in n0.results] == list(CHECKS)
+    assert n0.get("port").status == "ok" and n1.get("port").status == "skip"
+    assert n0.get("python").status == n1.get("python").status == "fail"  # 1 vs 1: no majority
+    assert n1.get("connect").status == "ok" and n0.get("clock").status == "ok"
+    assert n2.get("ssh").status == "fail" and {r.status for r in n2.results[1:]} == {"skip"}
+    assert report.notes == ("Python differs between hosts: 3.11 on n0; 3.10 on n1",)
+
+
+def test_a_port_in_use_skips_the_connections_and_says_why(tmp_path):
+    inv = _inv(tmp_path)
+    listener = ListenerSeen({"ready": True, "pid": 1, "port": {"free": False, "error": "EADDRINUSE in use"}}, "", ())
+    report = evaluate(inv, [_observed(inv, 0, _facts()), _observed(inv, 1, _facts())], listener, "10.0.0.10", 29500,
+                      push_bytes=None)
+    assert report.hosts[0].get("port").status == "fail"
+    assert report.hosts[1].get("connect").detail == "the master port could not be bound on n0"
+
+
+def _report():
+    good = HostReport("node0", 0, tuple(CheckResult(c, "ok", f"{c} fine", "", c) for c in CHECKS))
+    bad = HostReport("node2", 2, tuple(
+        CheckResult(c, "fail", "no answer from 10.0.0.10:29500 within 3 s", "allow TCP to node0", "timeout")
+        if c == "connect" else CheckResult(c, "skip" if c == "shared" else "ok", f"{c} fine", "", c)
+        for c in CHECKS))
+    return Report((good, bad), "10.0.0.10", 29500, 2.5, ("torch differs between hosts: [x]",))
+
+
+def test_the_table_has_a_row_per_host_and_the_details_of_what_failed():
+    console = Console(record=True, width=200, color_system=None)
+    render_checks(_report(), console)
+    text = console.export_text()
+    assert "MASTER_ADDR=10.0.0.10 MASTER_PORT=29500" in text
+    rows = [line for line in text.splitlines() if "node0" in line or "node2" in line]
+    assert "✓ ssh" in rows[0] and "✗ timeout" in rows[1]
+    assert "node2 connect FAIL: no answer from 10.0.0.10:29500 within 3 s" in text
+    assert "hint: allow TCP to node0" in text
+    assert "note: torch differs between hosts: [x]" in text  # printed as text, not markup
+    assert "1 of 2 hosts failed: node2" in text
+
+
+def test_a_narrow_terminal_gets_marks_only():
+    console = Console(record=True, width=70, color_system=None)
+    render_checks(_report(), console)
+    text = console.export_text()
+    assert "connect" in text and "timeout" not in text.split("node2 connect FAIL")[0]
+    assert max(len(line) for line in text.splitlines()) <= 70
+
+
+def test_json_has_every_check_of_every_host():
+    data = json.loads(json.dumps(_report().to_json()))
+    assert (data["ok"], data["exit_code"], data["master"]) == (False, 3, {"addr": "10.0.0.10", "port": 29500})
+    assert data["checks"] == list(CHECKS)
+    assert [h["host"] for h in data["hosts"]] == ["node0", "node2"]
+    assert set(data["hosts"][1]["checks"]) == set(CHECKS)
+    assert data["hosts"][1]["checks"]["connect"] == {"status": "fail", "detail": "no answer from 10.0.0.10:29500 "
+                                                     "within 3 s", "hint": "allow TCP to node0", "data": {}}
+
+
+# ------------------------------------------------------------------ the probe on this machine
+
+
+def _local_host(tmp_path, name="here", python=sys.executable, **kw):
+    return Host(name=name, host="localhost", addr="127.0.0.1", slots=1, connection="local", user=None, port=None,
+                identity_file=None, known_hosts=None, host_key_policy="strict", python=python,
+                workdir=str(tmp_path / f"work-{name}"), env={}, proxy_jump=None, source="t:1:1", **kw)
+
+
+@pytest.fixture
+def busy_port():
+    sock = socket.socket()
+    sock.bind(("", 0))
+    sock.listen(1)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def test_quick_probe_finds_who_holds_a_port(tmp_path, busy_port):
+    answer = run_probe(LocalTransport("here"), sys.executable, "quick",
+                       {"workdir": str(tmp_path / "w"), "port": busy_port}, timeout=20)
+    (_, facts), = answer.lines
+    assert facts["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert facts["port"]["free"] is False and "EADDRINUSE" in facts["port"]["error"]
+    assert facts["port"]["holder"]["pid"] == os.getpid()
+    assert facts["disk"]["checked"] == str(tmp_path) and facts["disk"]["writable"]
+
+
+def test_listener_reports_who_connected_and_removes_its_token_file(tmp_path):
+    token_file = tmp_path / ".clusterrun-check-t0k"
+    listener = Listener(LocalTransport("here"), sys.executable, {"port": 0, "expect": 2, "deadline": 20,
+                                                                 "shared_file": str(token_file), "token": "t0k"},
+                        timeout=20)
+    try:
+        assert listener.ready["shared"] == {"status": "ok"} and token_file.read_text() == "t0k"
+        reach = run_probe(LocalTransport("other"), sys.executable, "reach",
+                          {"master_addr": "127.0.0.1", "port": listener.port, "name": "other",
+                           "shared_file": str(token_file), "token": "t0k"}, timeout=20).find("reach")[1]["reach"]
+        assert reach["connect"]["status"] == "ok" and reach["shared"]["status"] == "ok"
+    finally:
+        listener.finish(["other"], wait=5)
+    assert listener.peers == [("127.0.0.1", "other")]
+    assert not token_file.exists()
+
+
+def test_preflight_names_each_problem_and_its_host(tmp_path, busy_port):
+    inv = parse_inventory(f"version: 1\nhosts: [{{name: a, host: x}}]\nmaster: {{port: {busy_port}}}\n",
+                          str(tmp_path / "inv.yaml"))
+    agents = {0: HostAgent(_local_host(tmp_path, "a"), LocalTransport("a"), Timeouts(command=20)),
+              1: HostAgent(_local_host(tmp_path, "b", python=str(tmp_path / "no-python")), LocalTransport("b"),
+                           Timeouts(command=20)),
+              2: HostAgent(_local_host(tmp_path, "c"), LocalTransport("c"), Timeouts(command=20))}
+    problems = preflight(inv, agents, manifest_bytes=1 << 60)
+    found = {(p.host, p.check, p.status) for p in problems}
+    assert found == {("a", "port", "fail"), ("b", "python", "fail"), ("a", "disk", "fail"), ("c", "disk", "fail")}
+    error = preflight_error(problems)
+    assert isinstance(error, HostsFailed) and sorted(error.failures) == ["a", "b", "c"]
+    assert f"master port {busy_port} is in use on a" in str(error) and "nothing was started" in str(error)
+    assert preflight(inv, {2: agents[2]}, manifest_bytes=10) == []
+    assert preflight_error([]) is None
+
+
+FAKE_TORCH = {
+    "torch/__init__.py": """
+        __version__ = "2.99.0+fake"
+        class version:
+            cuda = None
+        class cuda:
+            is_available = staticmethod(lambda: False)
+            device_count = staticmethod(lambda: 0)
+    """,
+    "torch/distributed.py": """
+        is_available = lambda: True
+        is_gloo_available = lambda: True
+        is_nccl_available = lambda: False
+    """,
+}
+
+
+def test_check_a_local_inventory_end_to_end(tmp_path, busy_port):
+    """Two local hosts (one machine): a fake torch handed in through env:, file init in a tmp folder."""
+    fake = tmp_path / "fake"
+    for rel, text in FAKE_TORCH.items():
+        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fake / rel).write_text(textwrap.dedent(text))
+    (tmp_path / "job.py").write_text("print(1)\n")
+    (tmp_path / "shared").mkdir()
+    inv = parse_inventory(textwrap.dedent(f"""
+        version: 1
+        defaults: {{connection: local, env: {{PYTHONPATH: "{fake}"}}}}
+        hosts:
+          - {{name: a, workdir: {tmp_path}/wa}}
+          - {{name: b, workdir: {tmp_path}/wb}}
+        master: {{port: auto}}
+        job: {{script: job.py, init_method: file, shared_dir: {tmp_path}/shared}}
+        timeouts: {{command: 20s}}
+    """), str(tmp_path / "inv.yaml"))
+    report = run_checks(inv)
+    assert report.ok, [(h.host, r) for h in report.hosts for r in h.results if r.status == "fail"]
+    a, b = report.hosts
+    assert a.get("port").status == "ok" and report.master_port == a.get("port").data["port"]
+    assert a.get("torch").detail.startswith("2.99.0+fake") and b.get("connect").status == "ok"
+    assert b.get("shared").detail == f"sees a's test file in {tmp_path}/shared"
+    assert list((tmp_path / "shared").iterdir()) == []
+    bad = parse_inventory(f"version: 1\nhosts: [{{name: a, connection: local, env: {{PYTHONPATH: '{fake}'}}}}]\n"
+                          f"master: {{port: {busy_port}}}\njob: {{script: job.py}}\n", str(tmp_path / "inv2.yaml"))
+    report = run_checks(bad)
+    assert not report.ok and report.hosts[0].get("port").status == "fail"
+    assert report.hosts[0].get("connect").status == "skip"
