@@ -196,7 +196,8 @@ class Monitor:
 
     def _stop_node(self, node_rank: int, grace: float) -> None:
         error = None
-        for attempt in (1, 2):
+        # a lost host's old connection is dead: go straight to one fresh attempt (bounded by the connect timeout)
+        for attempt in ((2,) if node_rank in self._lost else (1, 2)):
             try:
                 agent = self._agent(node_rank) if attempt == 1 else self._reconnect(node_rank)
                 agent.stop(self.plan.run_id, grace)
