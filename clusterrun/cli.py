@@ -218,7 +218,7 @@ def ps(as_json: bool, last: int, no_reconcile: bool) -> None:
 def _record_json(record, problems) -> dict:
     return {"id": record.id, "state": record.state, "exit_code": record.exit_code, "reason": record.reason,
             "created_at": record.created_at, "ended_at": record.ended_at, "inventory": record.inventory,
-            "detached": record.detached, "hosts": record.hosts, "ranks": record.ranks,
+            "detached": record.detached, "phases": record.phases, "hosts": record.hosts, "ranks": record.ranks,
             "cleanup_pending": record.cleanup_pending, "unreachable": {k: str(v) for k, v in problems.items()}}
 
 

@@ -156,6 +156,7 @@ class Runner:
         self._emit(Phase(name))
         body()
         self._phases.append((name, time.monotonic() - t))
+        self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
 
     # -------------------------------------------------------------- fan-out
 

@@ -25,7 +25,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS runs (
   id TEXT PRIMARY KEY, created_at REAL, inventory TEXT, snapshot TEXT, plan TEXT, state TEXT,
-  exit_code INTEGER, reason TEXT, ended_at REAL, controller TEXT, detached INTEGER DEFAULT 0);
+  exit_code INTEGER, reason TEXT, ended_at REAL, controller TEXT, detached INTEGER DEFAULT 0, phases TEXT);
 CREATE TABLE IF NOT EXISTS hosts (
   run_id TEXT, node_rank INTEGER, name TEXT, state TEXT, cleanup TEXT, error TEXT, supervisor_pid INTEGER,
   pushed_bytes INTEGER, push_seconds REAL, PRIMARY KEY (run_id, node_rank));
@@ -33,6 +33,9 @@ CREATE TABLE IF NOT EXISTS ranks (
   run_id TEXT, rank INTEGER, node_rank INTEGER, host TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
   started_at REAL, ended_at REAL, pid INTEGER, note TEXT, PRIMARY KEY (run_id, rank));
 """
+
+# columns added after schema 1 first shipped, for registries that predate them
+_ADDED_COLUMNS = (("runs", "phases TEXT"), ("hosts", "pushed_bytes INTEGER"), ("hosts", "push_seconds REAL"))
 
 
 def state_dir() -> str:
@@ -61,6 +64,7 @@ class RunRecord:
     ended_at: Optional[float]
     controller: Optional[Dict[str, Any]]
     detached: bool
+    phases: Dict[str, float]  # seconds per phase of the launch: connect, push, start, run
     hosts: List[Dict[str, Any]]
     ranks: List[Dict[str, Any]]
 
@@ -94,6 +98,14 @@ class RunStore:
                 self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
             elif int(row[0]) > SCHEMA_VERSION:
                 raise RuntimeError(f"{path} was written by a newer clusterrun (schema {row[0]})")
+            self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """Registries made before a column existed get it (columns are only ever added)."""
+        for table, column in _ADDED_COLUMNS:
+            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if column.split()[0] not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
     def close(self) -> None:
         self._db.close()
@@ -118,8 +130,9 @@ class RunStore:
     def update_run(self, run_id: str, **fields: Any) -> None:
         if "plan" in fields:
             fields["plan"] = json.dumps(fields["plan"])
-        if "controller" in fields:
-            fields["controller"] = json.dumps(fields["controller"])
+        for name in ("controller", "phases"):
+            if name in fields and fields[name] is not None:
+                fields[name] = json.dumps(fields[name])
         self._update("runs", "id = ?", (run_id,), fields)
 
     def update_host(self, run_id: str, node_rank: int, **fields: Any) -> None:
@@ -150,7 +163,8 @@ class RunStore:
                          snapshot=json.loads(row["snapshot"]), plan=json.loads(row["plan"]), state=row["state"],
                          exit_code=row["exit_code"], reason=row["reason"], ended_at=row["ended_at"],
                          controller=json.loads(row["controller"]) if row["controller"] else None,
-                         detached=bool(row["detached"]), hosts=hosts, ranks=ranks)
+                         detached=bool(row["detached"]), phases=json.loads(row["phases"] or "{}"),
+                         hosts=hosts, ranks=ranks)
 
     def ids(self, limit: Optional[int] = None) -> List[str]:
         sql = "SELECT id FROM runs ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
