@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from .check_net import connect_result, iface_result, shared_result
-from .check_probe import Listener, ProbeAnswer, Started, probe_argv, run_probe
+from .check_probe import Listener, ProbeAnswer, Started, run_probe
 from .check_render import render_checks  # noqa: F401  (the CLI's entry point lives here too)
 from .check_rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result,
                           clock_skew, cuda_result, disk_result, port_text, probe_failed, python_results, shell_noise,
@@ -123,6 +123,23 @@ def run_checks(inv: Inventory, *, connect: Optional[Callable[[Host], HostAgent]]
     agents: List[HostAgent] = []
     lock = threading.Lock()
 
+    def rendezvous(node_rank: int, agent: HostAgent) -> Optional[dict]:
+        """Rank 0's host starts the listener (and writes the token); every host then connects to it."""
+        if node_rank == 0:
+            try:
+                box["listener"] = Listener(agent.transport, agent.host.python, {
+                    "port": wanted_port or 0, "master_addr": master_addr, "expect": len(inv.hosts),
+                    "deadline": t.connect + 2 * t.command, "shared_file": shared_file, "token": token},
+                    timeout=t.command)
+            except HostError as exc:
+                box["error"] = f"{exc.reason}: {exc.message}"
+            finally:
+                ready.set()
+        else:
+            ready.wait(t.connect + t.command)
+        return _reach(agent, node_rank, box.get("listener"), master_addr, shared_file, token,
+                      min(PROBE_CONNECT_S, t.connect), t.command)
+
     def observe(node_rank: int, host: Host) -> Observed:
         started = time.monotonic()
         try:
@@ -136,35 +153,23 @@ def run_checks(inv: Inventory, *, connect: Optional[Callable[[Host], HostAgent]]
         ssh = _ssh_ok(host, time.monotonic() - started)
         deadline = time.monotonic() + t.command
         try:  # first, so that the slow torch import overlaps everything else
-            facts = Started(agent.transport, probe_argv(host.python, "facts", {
+            facts = Started(agent.transport, host.python, "facts", {
                 "workdir": host.workdir, "master_addr": master_addr, "torch": True, "env": dict(host.env),
-                "torch_timeout": max(1.0, t.command - 2)}), "facts")
+                "torch_timeout": max(1.0, t.command - 2)})
             facts.early("time", deadline)
         except HostError as exc:
             if node_rank == 0:
                 ready.set()
             return Observed(host, node_rank, ssh, failure=_no_answer(exc, host.python))
-        reach = None
         try:
-            if node_rank == 0:
-                try:
-                    box["listener"] = Listener(agent.transport, host.python, {
-                        "port": wanted_port or 0, "master_addr": master_addr, "expect": len(inv.hosts),
-                        "deadline": t.connect + 2 * t.command, "shared_file": shared_file, "token": token},
-                        timeout=t.command)
-                except HostError as exc:
-                    box["error"] = f"{exc.reason}: {exc.message}"
-                finally:
-                    ready.set()
-            else:
-                ready.wait(t.connect + t.command)
-            reach = _reach(agent, node_rank, box.get("listener"), master_addr, shared_file, token,
-                           min(PROBE_CONNECT_S, t.connect), t.command)
-        finally:
-            try:
-                answer = facts.collect(deadline)
-            except HostError as exc:
-                return Observed(host, node_rank, ssh, failure=_no_answer(exc, host.python), reach=reach)
+            reach = rendezvous(node_rank, agent)
+        except BaseException:
+            facts.close()
+            raise
+        try:
+            answer = facts.collect(deadline)
+        except HostError as exc:
+            return Observed(host, node_rank, ssh, failure=_no_answer(exc, host.python), reach=reach)
         if answer.find("facts") is None:
             return Observed(host, node_rank, ssh, answer, probe_failed(host.python, answer.exit_code, answer.stderr),
                             reach)

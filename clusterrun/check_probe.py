@@ -1,13 +1,15 @@
 """Running remote/probe.py on a host without installing it: its source goes to `python -` on stdin.
 
-Answers are JSON lines; each is kept with its arrival time (the clock check needs it). Anything a
-login shell prints before the first answer is kept apart as noise.
+The options travel on stdin too, as a first line of the program (`OPTIONS = '<json>'`): the host's
+`env:` is among them, and env values stay off command lines that `ps` shows. Answers are JSON lines;
+each is kept with its arrival time (the clock check needs it). Anything a login shell prints before
+the first answer is kept apart as noise.
 """
 
 from __future__ import annotations
 
-import base64
 import json
+import secrets
 import os
 import time
 from dataclasses import dataclass
@@ -20,20 +22,19 @@ _PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote", "prob
 with open(_PATH, "rb") as _fh:
     PROBE_SOURCE: bytes = _fh.read()
 
-# Stops the listener by pid only while that pid still runs the listener we started (its args hold a
-# random token), so a pid reused in the meantime is never signalled.
+# Stops the listener by pid only while that pid still runs the listener we started (its argv holds a
+# random tag), so a pid reused in the meantime is never signalled.
 STOP_LISTENER = ("import os,signal,sys;p=int(sys.argv[1]);f='/proc/%d/cmdline'%p;"
                  "c=open(f,'rb').read() if os.path.exists(f) else b'';"
                  "(sys.argv[2].encode() in c or not os.path.isdir('/proc/self')) and os.kill(p,signal.SIGTERM)")
 
 
-def encode_args(opts: dict) -> str:
-    """JSON in URL-safe base64: nothing a shell (csh's `!` included) could expand."""
-    return base64.urlsafe_b64encode(json.dumps(opts, separators=(",", ":")).encode()).decode()
+def probe_program(opts: dict) -> bytes:
+    return b"OPTIONS = " + repr(json.dumps(opts)).encode() + b"\n" + PROBE_SOURCE
 
 
-def probe_argv(python: str, command: str, opts: dict) -> List[str]:
-    return [python, "-", command, encode_args(opts)]
+def probe_argv(python: str, command: str) -> List[str]:
+    return [python, "-", command]
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,11 @@ class LineReader:
                     line, self._buf = self._buf, b""
                     return time.time(), line.decode("utf-8", "replace")
                 return None
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now > deadline + 1.0:
                 raise TimeoutError
-            chunk = self.stream.read(1 << 16, left)
+            # just past the deadline, still take what already arrived (0: a read that does not wait)
+            chunk = self.stream.read(1 << 16, max(0.0, deadline - now))
             if not chunk:
                 self.ended = True
             self._buf += chunk
@@ -85,14 +87,14 @@ def _as_answer(line: str) -> Optional[dict]:
     return value if isinstance(value, dict) else None
 
 
-def start_probe(transport: Transport, argv: Sequence[str]) -> Tuple[Stream, float]:
+def start_probe(transport: Transport, argv: Sequence[str], opts: dict) -> Tuple[Stream, float]:
     try:
         stream = transport.open(argv)
     except OSError as exc:  # a local host whose python does not exist (over SSH the shell says 127)
         raise RemoteCommandError(transport.label, f"cannot run {argv[0]}: {exc.strerror or exc}", exit_code=127,
                                  command=argv[0]) from None
     try:
-        stream.write(PROBE_SOURCE, 30.0)
+        stream.write(probe_program(opts), 30.0)
     except StreamClosed:
         pass  # it ended without reading (no such Python): its exit code and stderr say why
     except TimeoutError:
@@ -123,10 +125,10 @@ def read_answers(reader: LineReader, deadline: float, *, until: str = "") -> Tup
 class Started:
     """A probe running on a host; `early` reads the first answers as they come (stamped on arrival)."""
 
-    def __init__(self, transport: Transport, argv: Sequence[str], command: str):
+    def __init__(self, transport: Transport, python: str, command: str, opts: dict):
         self.transport = transport
         self.command = command
-        self.stream, self.sent = start_probe(transport, argv)
+        self.stream, self.sent = start_probe(transport, probe_argv(python, command), opts)
         self.reader = LineReader(self.stream)
         self.lines: List[Tuple[float, dict]] = []
         self.noise = ""
@@ -137,6 +139,9 @@ class Started:
             self.lines, self.noise = read_answers(self.reader, deadline, until=until)
         except (TimeoutError, StreamClosed):
             pass  # collect() reports it
+
+    def close(self) -> None:
+        self.stream.close()
 
     def collect(self, deadline: float) -> ProbeAnswer:
         """Read to the end (monotonic deadline) and close."""
@@ -162,7 +167,7 @@ class Started:
 def run_probe(transport: Transport, python: str, command: str, opts: dict, timeout: float) -> ProbeAnswer:
     """Run one probe command to its end within timeout, keeping each line's arrival time."""
     deadline = time.monotonic() + timeout
-    return Started(transport, probe_argv(python, command, opts), command).collect(deadline)
+    return Started(transport, python, command, opts).collect(deadline)
 
 
 class Listener:
@@ -171,8 +176,8 @@ class Listener:
     def __init__(self, transport: Transport, python: str, opts: dict, timeout: float):
         self._transport = transport
         self._python = python
-        self._args = encode_args(opts)
-        self._stream, _ = start_probe(transport, [python, "-", "listen", self._args])
+        self._tag = "cr-" + secrets.token_hex(8)  # in its argv, so STOP_LISTENER knows it is still ours
+        self._stream, _ = start_probe(transport, probe_argv(python, "listen") + [self._tag], opts)
         self._reader = LineReader(self._stream)
         self.peers: List[Tuple[str, str]] = []  # (address, name) of each connection it accepted
         self.ready: dict = {}
@@ -206,7 +211,7 @@ class Listener:
             pass
         try:
             if self.ready and not self._reader.ended:
-                self._transport.run([self._python, "-c", STOP_LISTENER, str(self.ready["pid"]), self._args],
+                self._transport.run([self._python, "-c", STOP_LISTENER, str(self.ready["pid"]), self._tag],
                                     timeout=10.0)
                 end = time.monotonic() + 5.0
                 while not self._reader.ended:

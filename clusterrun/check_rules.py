@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import AuthError, HostError, HostKeyChanged, HostKeyUnknown
+from .errors import EXIT_CONNECT, EXIT_OK, AuthError, HostError, HostKeyChanged, HostKeyUnknown
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 CHECKS = ("ssh", "python", "torch", "cuda", "port", "connect", "iface", "disk", "shared", "clock")
@@ -58,7 +58,7 @@ class Report:
         return all(h.ok for h in self.hosts)
 
     def to_json(self) -> dict:
-        return {"ok": self.ok, "exit_code": 0 if self.ok else 3, "seconds": round(self.seconds, 3),
+        return {"ok": self.ok, "exit_code": EXIT_OK if self.ok else EXIT_CONNECT, "seconds": round(self.seconds, 3),
                 "master": {"addr": self.master_addr, "port": self.master_port}, "checks": list(CHECKS),
                 "notes": list(self.notes),
                 "hosts": [{"host": h.host, "node_rank": h.node_rank, "ok": h.ok,

@@ -177,24 +177,37 @@ class HostAgent:
         raise AssertionError("unreachable")
 
     def sync(self, run_id: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None) -> SyncResult:
+        """Push the job into the run folder and end there."""
+        return self._sync(run_id, manifest, progress, hold=False, want_port=False)[0]
+
+    def push(self, run_id: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None,
+             want_port: bool = False) -> "HeldPush":
+        """Push the job and keep the channel for the start: one command per host for push and start.
+        Dropping the HeldPush (abandon) makes the host remove the run it received."""
+        result, stream, port = self._sync(run_id, manifest, progress, hold=True, want_port=want_port)
+        return HeldPush(self, stream, result, port)
+
+    def _sync(self, run_id, manifest, progress, *, hold: bool, want_port: bool):
         for attempt in (1, 2):
             try:
-                return self._sync_once(run_id, manifest, progress)
+                return self._sync_once(run_id, manifest, progress, hold, want_port)
             except AgentMissing:
                 if attempt == 2:
                     raise
                 self.install()
         raise AssertionError("unreachable")
 
-    def _sync_once(self, run_id: str, manifest: Manifest, progress: Callable[[int], None]) -> SyncResult:
+    def _sync_once(self, run_id: str, manifest: Manifest, progress: Callable[[int], None], hold: bool,
+                   want_port: bool):
         t0 = time.monotonic()
         stream = self.transport.open(self.argv("sync", run_id))
         timeout = self.timeouts.command
+        keep = False
         try:
-            wire = json.dumps(manifest.wire()).encode()
+            wire = json.dumps({**manifest.wire(), "hold": hold, "free_port": want_port}).encode()
             try:
                 stream.write(MSG_LEN.pack(len(wire)) + wire, timeout)
-                answer = self._read_msg(stream, timeout)
+                answer = read_msg(stream, timeout)
             except StreamClosed:
                 if _exit_code(stream) == EXIT_AGENT_MISSING:
                     raise AgentMissing() from None
@@ -211,13 +224,13 @@ class HostAgent:
                         progress(len(chunk))
             except StreamClosed:
                 pass  # the host stopped reading: its answer says why
-            stream.close_stdin()
-            result = self._read_msg(stream, timeout)
+            result = read_msg(stream, timeout)
             if "error" in result:
                 raise PushError(self.label, result["error"], path=result.get("path", ""),
                                 hint=_push_hint(result.get("kind", "")))
-            return SyncResult(sent_bytes=sent, objects=result["objects"], files=result["files"],
-                              seconds=time.monotonic() - t0)
+            keep = hold
+            return (SyncResult(sent_bytes=sent, objects=result["objects"], files=result["files"],
+                               seconds=time.monotonic() - t0), stream, answer.get("port"))
         except TimeoutError:
             raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
         except StreamClosed as exc:
@@ -225,15 +238,50 @@ class HostAgent:
             raise self._command_failed(f"push interrupted: {exc}", code, stream.stderr()) if code not in (None, -1) \
                 else ConnectError(self.label, f"connection lost during the push: {exc}") from None
         finally:
-            stream.close()
-
-    @staticmethod
-    def _read_msg(stream: Stream, timeout: float) -> dict:
-        (n,) = MSG_LEN.unpack(read_exact(stream, MSG_LEN.size, timeout))
-        return json.loads(read_exact(stream, n, timeout).decode())
+            if not keep:
+                stream.close()
 
     def close(self) -> None:
         self.transport.close()
+
+
+def read_msg(stream: Stream, timeout: float) -> dict:
+    (n,) = MSG_LEN.unpack(read_exact(stream, MSG_LEN.size, timeout))
+    return json.loads(read_exact(stream, n, timeout).decode())
+
+
+class HeldPush:
+    """A host that has the job and waits, on the same channel, for the word to start it."""
+
+    def __init__(self, agent: HostAgent, stream: Stream, result: SyncResult, port: Optional[int]):
+        self.agent = agent
+        self.result = result
+        self.port = port  # a free port on the host, when asked for
+        self._stream: Optional[Stream] = stream
+
+    def start(self, spec: dict) -> dict:
+        """Start the run (spec with env and secrets goes to a 0600 file); the supervisor's state."""
+        stream, self._stream = self._stream, None
+        label, timeout = self.agent.label, self.agent.timeouts.command
+        try:
+            wire = json.dumps({"start": spec}).encode()
+            stream.write(MSG_LEN.pack(len(wire)) + wire, timeout)
+            answer = read_msg(stream, timeout)
+        except TimeoutError:
+            raise CommandTimeout(label, f"start: no answer within {timeout:g} s") from None
+        except StreamClosed as exc:
+            raise ConnectError(label, f"connection lost while starting: {exc}") from None
+        finally:
+            stream.close()
+        if "error" in answer:
+            raise StartError(label, answer["error"])
+        return answer["state"]
+
+    def abandon(self) -> None:
+        """Do not start: the host removes what it received."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
 
 class _Prepended(FollowStream):

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 from .errors import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIME_LIMIT, HostError, HostsFailed,
                      RemoteCommandError)
 from .events import HostDone, HostProgress, Notice, Phase, RunOutcome
-from .host_agent import HostAgent
+from .host_agent import HeldPush, HostAgent
 from .inventory import Host, Inventory
 from .monitor import Monitor
 from .plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_env
@@ -82,6 +82,8 @@ class Runner:
         self._t0 = time.monotonic()
         self._phases: List[tuple] = []
         self.monitor: Optional[Monitor] = None
+        self._held: Dict[int, HeldPush] = {}  # pushed, waiting for their start on the push's channel
+        self._started: List[int] = []
 
     # -------------------------------------------------------------- signals
 
@@ -103,15 +105,16 @@ class Runner:
         self.store.create(self.run_id, self.inv.path, inventory_snapshot(self.inv), plan_to_dict(plan),
                           controller_identity(), [{"node_rank": n.node_rank, "name": n.host.name} for n in plan.nodes],
                           [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks])
-        pushed: List[int] = []  # hosts whose push completed: what a failure before the run must undo
         try:
             self._phase("connect", lambda: self._fan_out("connect", plan.nodes, self._connect_node))
-            if plan.master_port is None:
-                port = self._agent(0).free_port()
+            auto_port = plan.master_port is None
+            self._phase("push", lambda: self._fan_out("push", plan.nodes,
+                                                      lambda n: self._push(n, manifest, auto_port)))
+            if auto_port:  # rank 0's host found a free port while receiving the job
+                port = self._held[0].port
                 plan = build_plan(self.inv, self.run_id, master_port=port)
                 self.store.update_run(self.run_id, plan=plan_to_dict(plan))
                 self._emit(Notice(f"MASTER_PORT={port} (free on {plan.nodes[0].host.name})"))
-            self._phase("push", lambda: self._fan_out("push", plan.nodes, lambda n: self._push(n, manifest, pushed)))
             self._phase("start", lambda: self._start_all(plan))
             if self._detach:
                 self.store.update_run(self.run_id, state="running", detached=1, controller=None)
@@ -126,16 +129,15 @@ class Runner:
             return RunOutcome(**{**asdict_shallow(outcome), "phases": tuple(self._phases) +
                                  (("run", outcome.seconds),), "seconds": self._elapsed()})
         except Interrupted:
-            if pushed:
-                self._undo(plan, pushed, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
+            self._undo(plan, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
             return self._finish("interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)")
         except HostsFailed as exc:
-            if pushed:
-                self._undo(plan, pushed, grace=0.0)
+            self._undo(plan, grace=0.0)
             self._finish("failed", exc.exit_code, str(exc))
             raise
         finally:
             self._closing = True
+            self._abandon_held()
             with self._agents_lock:
                 agents = list(self._agents.values())
             for agent in agents:
@@ -234,7 +236,7 @@ class Runner:
         self._post(HostDone("connect", node.host.name, time.monotonic() - t))
         return agent
 
-    def _push(self, node: NodePlan, manifest: Manifest, pushed: List[int]) -> None:
+    def _push(self, node: NodePlan, manifest: Manifest, auto_port: bool) -> None:
         t = time.monotonic()
         total = manifest.total_bytes
         sent = [0]
@@ -244,8 +246,11 @@ class Runner:
             self._post(HostProgress("push", node.host.name, sent[0], total))
 
         self.store.update_host(self.run_id, node.node_rank, state="pushing")
-        result = self._agent(node.node_rank).sync(self.run_id, manifest, progress)
-        pushed.append(node.node_rank)
+        held = self._agent(node.node_rank).push(self.run_id, manifest, progress,
+                                                want_port=auto_port and node.node_rank == 0)
+        with self._agents_lock:
+            self._held[node.node_rank] = held
+        result = held.result
         self.store.update_host(self.run_id, node.node_rank, state="pushed", pushed_bytes=result.sent_bytes,
                                push_seconds=round(result.seconds, 4))
         self._post(HostDone("push", node.host.name, time.monotonic() - t,
@@ -259,7 +264,11 @@ class Runner:
 
     def _start_node(self, plan: LaunchPlan, node: NodePlan) -> None:
         t = time.monotonic()
-        state = self._agent(node.node_rank).start(plan.run_id, self._spec(plan, node))
+        with self._agents_lock:
+            held = self._held.pop(node.node_rank)
+        state = held.start(self._spec(plan, node))
+        with self._agents_lock:
+            self._started.append(node.node_rank)
         pid = state.get("supervisor", {}).get("pid")
         self.store.update_host(self.run_id, node.node_rank, state="started", supervisor_pid=pid)
         self._post(HostDone("start", node.host.name, time.monotonic() - t))
@@ -274,13 +283,25 @@ class Runner:
         if self._interrupts and not self._detach:
             raise Interrupted("start")
 
-    def _undo(self, plan: LaunchPlan, pushed: List[int], grace: float) -> None:
-        """Undo a launch that did not get to run: stop what started, remove what was only pushed."""
+    def _abandon_held(self) -> None:
+        """Hosts that received the job but were not started remove it when their channel closes."""
+        with self._agents_lock:
+            held, self._held = list(self._held.values()), {}
+        for h in held:
+            h.abandon()
+
+    def _undo(self, plan: LaunchPlan, grace: float) -> None:
+        """Undo a launch that did not get to run: stop what started, drop what was only pushed."""
+        self._abandon_held()
+        with self._agents_lock:
+            nodes = [n for n in plan.nodes if n.node_rank in self._started]
+        if not nodes:
+            return
+
         def stop(node: NodePlan) -> None:
             self._agent(node.node_rank).stop(plan.run_id, grace)
             self.store.update_host(self.run_id, node.node_rank, state="stopped", cleanup="done")
 
-        nodes = [n for n in plan.nodes if n.node_rank in pushed]
         self._interrupts.clear()  # a stop must run to its end even after Ctrl-C
         try:
             self._fan_out("stop", nodes, stop, interruptible=False)

@@ -719,7 +719,15 @@ class Cluster:
 
     def pause(self, host: str | HostInfo) -> None:
         """Freeze every process of the host: TCP stays open, nothing answers (a hung machine)."""
-        docker("pause", self.host(host).container)
+        for attempt in range(5):
+            try:
+                docker("pause", self.host(host).container)
+                return
+            except ClusterError as exc:
+                # the cgroup freezer gives up ("unable to freeze") while processes are being created
+                if "unable to freeze" not in str(exc) or attempt == 4:
+                    raise
+                time.sleep(0.05)
 
     def unpause(self, host: str | HostInfo) -> None:
         docker("unpause", self.host(host).container)

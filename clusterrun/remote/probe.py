@@ -1,18 +1,18 @@
 """clusterrun's preflight probe: one stdlib-only file the controller feeds to a host's Python on stdin.
 
-Usage (by the controller, never by hand): python - COMMAND ARGS_B64 < probe.py
+Usage (by the controller, never by hand): python - COMMAND [TAG] < (OPTIONS line + probe.py)
 
   facts   everything `clusterrun check` wants to know about this host (torch in a child process)
   reach   a TCP connection to MASTER_ADDR:MASTER_PORT, and the token file in the shared folder
   quick   the cheap subset for `launch`: Python, workdir space, master port free; never imports torch
   listen  (rank 0's host) bind the master port, accept the other hosts' test connections, print each
 
-ARGS_B64 is a JSON object in URL-safe base64, so no login shell (csh's `!` included) can mangle it.
-Every answer is one JSON object per line on stdout. It is never installed on the host: nothing stays
+The controller puts `OPTIONS = '<json>'` in front of this source, so options (the host's env among
+them) never show on a command line and no login shell can mangle them. TAG only names a listener for
+the controller that stops it. Every answer is one JSON object per line on stdout. It is never installed on the host: nothing stays
 behind but what `listen` removes at exit. Kept to Python 3.6 so it can still say that a Python is old.
 """
 
-import base64
 import errno
 import json
 import os
@@ -392,7 +392,7 @@ def cmd_listen(opts):
 
 def main(argv):
     command = argv[1]
-    opts = json.loads(base64.urlsafe_b64decode(argv[2].encode()).decode()) if len(argv) > 2 else {}
+    opts = json.loads(globals().get("OPTIONS", "{}"))
     handler = {"facts": cmd_facts, "reach": cmd_reach, "quick": cmd_quick, "listen": cmd_listen}.get(command)
     if handler is None:
         say({"error": "unknown command %r" % command})

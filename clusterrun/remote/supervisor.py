@@ -2,9 +2,10 @@
 
 Usage (by the controller, never by hand): supervisor.py WORKDIR COMMAND [ARGS...]
 
-  sync RUN_DIR          receive the job by content hash into RUN_DIR/job (framed stdin/stdout)
-  start RUN_DIR         write the spec (0600) from stdin, start a detached supervisor, print its state
-  supervise RUN_DIR     (internal) run the ranks in their own process groups, record exits, forward stops
+  sync RUN_DIR          receive the job by content hash into RUN_DIR/job (framed stdin/stdout); when
+                        asked, hold the channel and start the run on a later message
+  start RUN_DIR         write the spec (0600) from stdin, fork a detached supervisor (it runs the ranks in
+                        their own process groups, records exits, forwards stops), print its state
   follow RUN_DIR OFFS   stream log bytes from offsets, exit records and heartbeats as frames on stdout
   status RUN_DIR        print the run's state on this host as JSON
   stop RUN_DIR GRACE    TERM the ranks' process groups, wait GRACE, KILL; idempotent
@@ -238,8 +239,8 @@ def cmd_sync(workdir, run_dir):
     except FileExistsError:
         send_msg({"missing": [], "error": "run folder already exists", "kind": "exists", "path": run_dir})
         return 1
-    send_msg({"missing": [sha for sha, _, _ in missing]})
-    received = 0
+    send_msg({"missing": [sha for sha, _, _ in missing], "port": free_port() if manifest.get("free_port") else None})
+    received = 0  # bytes of objects read from the controller so far
     current = ""
     created = []  # objects this push added to the cache: removed again if the push fails
     try:
@@ -256,6 +257,7 @@ def cmd_sync(workdir, run_dir):
                         chunk = stdin.read(min(left, CHUNK))
                         if not chunk:
                             raise Fail("the controller went away during the push", "aborted")
+                        received += len(chunk)
                         digest.update(chunk)
                         out.write(chunk)
                         left -= len(chunk)
@@ -267,7 +269,6 @@ def cmd_sync(workdir, run_dir):
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-            received += size
         job = os.path.join(run_dir, "job")
         os.mkdir(job, 0o700)
         for rel in manifest.get("dirs", []):
@@ -299,38 +300,72 @@ def cmd_sync(workdir, run_dir):
             kind = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "os"
             message = os.strerror(exc.errno) if exc.errno else str(exc)
             exc = Fail(message, kind, current)
-        while stdin.read(CHUNK):  # drain so the controller's send ends and it reads this answer
-            pass
+        left = need - received  # take what the controller still sends, so that it gets to read this answer
+        while left > 0:
+            chunk = stdin.read(min(left, CHUNK))
+            if not chunk:
+                break
+            left -= len(chunk)
         send_msg({"error": str(exc), "kind": exc.kind, "path": exc.path})
         return 1
     send_msg({"ok": True, "received": received, "objects": len(missing), "files": len(files)})
+    if not manifest.get("hold"):
+        return 0
+    # Hold the channel for the start (saves a connection round trip and an interpreter start-up);
+    # end of input instead means the controller is gone or will not start: leave no half-made run.
+    try:
+        message = read_msg(stdin)
+    except Fail:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return 0
+    send_msg({"state": start_run(run_dir, message["start"])})
     return 0
 
 
 # ---------------------------------------------------------------- start and supervise
 
 
-def cmd_start(workdir, run_dir, agent_path):
-    spec = json.loads(sys.stdin.buffer.read().decode())
+def cmd_start(run_dir):
+    reply(start_run(run_dir, json.loads(sys.stdin.buffer.read().decode())))
+    return 0
+
+
+def start_run(run_dir, spec):
+    """Write the spec (0600), fork the detached supervisor, and return its state once the ranks run."""
     if not os.path.isdir(os.path.join(run_dir, "job")):
         raise Fail("the job was not pushed to this host", "missing", run_dir)
     if os.path.exists(os.path.join(run_dir, "spec.json")):
         raise Fail("this run was already started on this host", "exists", run_dir)
     write_json_atomic(os.path.join(run_dir, "spec.json"), spec)
-    with open(os.path.join(run_dir, "supervisor.log"), "ab") as log:
-        proc = subprocess.Popen([sys.executable, agent_path, workdir, "supervise", os.path.basename(run_dir)], cwd=run_dir,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                close_fds=True)
+    sys.stdout.flush()
+    pid = os.fork()  # the supervisor is this process's twin: no second interpreter start-up
+    if pid == 0:
+        code = 1
+        try:
+            os.setsid()  # its own session: the SSH channel closing (SIGHUP, EOF) never reaches it
+            os.chdir(run_dir)
+            log = os.open(os.path.join(run_dir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(null)
+            os.close(log)
+            code = cmd_supervise(run_dir)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            os._exit(code)
     deadline = time.time() + 30
     state_file = os.path.join(run_dir, "state.json")
     while time.time() < deadline:
         state = read_json(state_file)
         if state is not None:
-            reply(state)
-            return 0
-        if proc.poll() is not None:
+            return state
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
             break
-        time.sleep(0.005)
+        time.sleep(0.002)
     with open(os.path.join(run_dir, "supervisor.log"), "rb") as fh:
         tail = fh.read()[-2000:].decode("utf-8", "replace")
     raise Fail("the supervisor did not start: " + (tail or "no output"), "start")
@@ -617,12 +652,16 @@ def cmd_stop(run_dir, grace):
     return 0
 
 
-def cmd_free_port():
+def free_port():
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("", 0))
     port = sock.getsockname()[1]
     sock.close()
-    reply({"port": port})
+    return port
+
+
+def cmd_free_port():
+    reply({"port": free_port()})
     return 0
 
 
@@ -649,9 +688,7 @@ def main(argv):
         if command == "sync":
             return cmd_sync(workdir, run_dir())
         if command == "start":
-            return cmd_start(workdir, run_dir(), os.path.abspath(argv[0]))
-        if command == "supervise":
-            return cmd_supervise(run_dir())
+            return cmd_start(run_dir())
         if command == "follow":
             return cmd_follow(run_dir(), args[1], once="--once" in args[2:])
         if command == "status":

@@ -60,24 +60,30 @@ class FakeHost:
             self.frames.put(Frame("E", 0, 0, b"{}"))
 
 
-class FakeAgent:
-    def __init__(self, host):
-        self.h = host
+class FakeHeld:
+    def __init__(self, host, result, port):
+        self.h, self.result, self.port = host, result, port
 
-    def sync(self, run_id, manifest, progress=lambda n: None):
-        self.h.world.calls.append(("sync", self.h.name))
-        progress(manifest.total_bytes)
-        return SyncResult(manifest.total_bytes, 1, len(manifest.files), 0.0)
-
-    def free_port(self):
-        return 41234
-
-    def start(self, run_id, spec):
+    def start(self, spec):
         self.h.world.calls.append(("start-begin", self.h.name))
         time.sleep(0.05)
         self.h.spec = spec
         self.h.world.calls.append(("start-end", self.h.name))
         return {"supervisor": {"pid": 1}}
+
+    def abandon(self):
+        self.h.world.calls.append(("abandon", self.h.name))
+
+
+class FakeAgent:
+    def __init__(self, host):
+        self.h = host
+
+    def push(self, run_id, manifest, progress=lambda n: None, want_port=False):
+        self.h.world.calls.append(("push", self.h.name))
+        progress(manifest.total_bytes)
+        return FakeHeld(self.h, SyncResult(manifest.total_bytes, 1, len(manifest.files), 0.0),
+                        41234 if want_port else None)
 
     def follow(self, run_id, offsets, once=False):
         return FakeStream(self.h)
@@ -158,7 +164,7 @@ def test_success_runs_phases_in_order_and_rank0s_host_starts_first(tmp_path):
     t.join(10)
     outcome = out["outcome"]
     assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
-    kinds = [c for c in w.calls if c[0] != "sync"]
+    kinds = [c for c in w.calls if c[0] != "push"]
     assert kinds[:2] == [("start-begin", "a"), ("start-end", "a")]  # rank 0's host first
     assert {c for c in kinds[2:]} == {("start-begin", "b"), ("start-begin", "c"), ("start-end", "b"),
                                       ("start-end", "c")}
@@ -289,3 +295,26 @@ def test_auto_port_and_secrets(tmp_path):
     db = (tmp_path / "state" / "runs.db").read_bytes()
     assert b"hunter2" not in db
     assert json.loads(json.dumps(w.store.get("20261130-000000-abcd").plan))["master_port"] == 41234
+
+
+def test_a_push_failure_drops_what_the_other_hosts_received(tmp_path):
+    from clusterrun.errors import PushError
+
+    w = World(INV, tmp_path)
+    real = FakeAgent.push
+
+    def push(self, *a, **kw):
+        if self.h.name == "c":
+            time.sleep(0.1)  # the others have finished and hold their channel by now
+            raise PushError("c", "No space left on device", path="/w/c/cache")
+        return real(self, *a, **kw)
+
+    FakeAgent.push = push
+    try:
+        with pytest.raises(HostsFailed) as info:
+            w.runner().run()
+    finally:
+        FakeAgent.push = real
+    assert list(info.value.failures) == ["c"] and info.value.exit_code == 1
+    assert sorted(c for c in w.calls if c[0] == "abandon") == [("abandon", "a"), ("abandon", "b")]
+    assert not any(c[0].startswith("start") for c in w.calls)
