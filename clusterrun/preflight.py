@@ -18,7 +18,7 @@ from .host_agent import HostAgent
 from .inventory import Inventory
 
 
-def preflight(inv: Inventory, agents: Mapping[int, HostAgent], manifest_bytes: int) -> List[CheckProblem]:
+def preflight(inv: Inventory, agents: Mapping[int, HostAgent], manifest_bytes: Optional[int]) -> List[CheckProblem]:
     """The cheap checks over connections already open, one round trip per host, all hosts at once.
 
     Python runs and every host has the same minor version; the workdir has room for the push; rank 0's

@@ -22,6 +22,7 @@ from .host_agent import HeldPush, HostAgent
 from .inventory import Host, Inventory
 from .monitor import Monitor
 from .plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_env
+from .preflight import preflight, preflight_error
 from .store import RunStore
 from .sync import HashCache, Manifest, build_manifest
 
@@ -64,7 +65,7 @@ def inventory_snapshot(inv: Inventory) -> dict:
 class Runner:
     def __init__(self, inv: Inventory, run_id: str, *, store: RunStore, connect: Connect,
                  secrets: Mapping[str, str], emit: Callable[[object], None], detach: bool = False,
-                 hash_cache: Optional[HashCache] = None):
+                 hash_cache: Optional[HashCache] = None, checks: Callable = preflight):
         self.inv = inv
         self.run_id = run_id
         self.store = store
@@ -73,6 +74,7 @@ class Runner:
         self._emit = emit
         self._detach = detach
         self._hash_cache = hash_cache or HashCache(None)
+        self._checks = checks
         # bounded: a slow terminal pushes back on the followers and the SSH window, never on the ranks
         self._q: "queue.Queue" = queue.Queue(maxsize=64)
         self._agents: Dict[int, HostAgent] = {}
@@ -108,8 +110,20 @@ class Runner:
         try:
             self._phase("connect", lambda: self._fan_out("connect", plan.nodes, self._connect_node))
             auto_port = plan.master_port is None
-            self._phase("push", lambda: self._fan_out("push", plan.nodes,
-                                                      lambda n: self._push(n, manifest, auto_port)))
+            # the cheap checks of `clusterrun check` run on every host while the job is being pushed
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight") as pool:
+                with self._agents_lock:
+                    agents = dict(self._agents)
+                checks = pool.submit(self._checks, self.inv, agents, None)  # the push checks space exactly
+                self._phase("push", lambda: self._fan_out("push", plan.nodes,
+                                                          lambda n: self._push(n, manifest, auto_port)))
+                problems = checks.result()
+            for p in problems:
+                self._emit(Notice(f"{p.host}: {p.check}: {p.detail}" + (f" ({p.hint})" if p.hint else ""),
+                                  "error" if p.status == "fail" else "warning"))
+            failed = preflight_error(problems)
+            if failed is not None:
+                raise failed
             if auto_port:  # rank 0's host found a free port while receiving the job
                 port = self._held[0].port
                 plan = build_plan(self.inv, self.run_id, master_port=port)

@@ -197,3 +197,26 @@ def test_the_table_and_nothing_left_listening(cr, cluster):
     socket.create_connection((cluster.hosts[1].address, 22), timeout=5).close()  # the hosts are up ...
     with pytest.raises(OSError):  # ... and the listener is gone from the master port
         socket.create_connection((cluster.hosts[0].address, 29500), timeout=2).close()
+
+
+def test_a_second_interface_gets_a_socket_ifname_hint_and_a_wrong_one_fails(cr, cluster):
+    # a veth pair inside node1: a second interface that sends nothing anywhere
+    rc, _, err = cluster.exec("node1", ["sh", "-c", "ip link add crv0 type veth peer name crv1 && "
+                                        "ip addr add 198.18.250.1/32 dev crv0 && ip link set crv1 up && "
+                                        "ip link set crv0 up"], user="root")
+    assert rc == 0, err
+
+    def edit(hosts):
+        hosts[2]["env"] = {"GLOO_SOCKET_IFNAME": "ens9"}
+
+    try:
+        code, report, _ = check(cr, cr.inventory(edit_hosts=edit))
+    finally:
+        cluster.exec("node1", ["ip", "link", "del", "crv0"], user="root")
+    iface = by_host(report)["node1"]["iface"]
+    assert iface["status"] == "ok" and "2 interfaces (crv0, eth0)" in iface["detail"]
+    assert iface["hint"] == "set env: {GLOO_SOCKET_IFNAME: eth0} for this host in the inventory"
+    wrong = by_host(report)["node2"]["iface"]
+    assert wrong["status"] == "fail" and "GLOO_SOCKET_IFNAME=ens9 but this host has no IPv4 interface ens9" in \
+        wrong["detail"]
+    assert code == 3 and [h["host"] for h in report["hosts"] if not h["ok"]] == ["node2"]

@@ -80,9 +80,10 @@ def test_tcp_ranks_train_and_agree(ddp_run: Path) -> None:
 
 
 def test_heldout_accuracy_far_above_chance(ddp_run: Path) -> None:
-    """2 ranks, 2 epochs over 2,000 generated samples (32 steps): measured 0.988 held out.
+    """2 ranks, 2 epochs over 2,000 generated samples (32 steps), 1,000 held out: 0.965.
 
-    Chance is 0.10; the bar of 0.90 leaves room for other torch builds' numerics.
+    Measured with torch 2.14.1 (torchvision reader) and 2.13.0 (IDX reader) alike. Chance is
+    0.10; the bar of 0.90 leaves room for other builds' numerics.
     """
     metrics = json.loads((ddp_run / "out" / "metrics.json").read_text())
     assert metrics["test_accuracy"] >= 0.90, metrics

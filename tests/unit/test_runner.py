@@ -123,6 +123,7 @@ class World:
         return FakeAgent(self.hosts[host.name])
 
     def runner(self, **kw):
+        kw.setdefault("checks", lambda inv, agents, push_bytes: [])
         return Runner(self.inv, "20261130-000000-abcd", store=self.store, connect=self.connect,
                       secrets=kw.pop("secrets", {}), emit=self.events.append, **kw)
 
@@ -318,3 +319,17 @@ def test_a_push_failure_drops_what_the_other_hosts_received(tmp_path):
     assert list(info.value.failures) == ["c"] and info.value.exit_code == 1
     assert sorted(c for c in w.calls if c[0] == "abandon") == [("abandon", "a"), ("abandon", "b")]
     assert not any(c[0].startswith("start") for c in w.calls)
+
+
+def test_a_failed_preflight_check_starts_nothing_and_names_the_host(tmp_path):
+    from clusterrun.check_rules import CheckProblem
+
+    w = World(INV, tmp_path)
+    problems = [CheckProblem("b", 1, "python", "fail", "Python 3.8 here, 3.11 on a, c", "install the same Python"),
+                CheckProblem("c", 2, "disk", "warn", "900 MB free", "")]
+    with pytest.raises(HostsFailed) as info:
+        w.runner(checks=lambda inv, agents, push_bytes: problems).run()
+    assert list(info.value.failures) == ["b"] and "Python 3.8 here" in str(info.value)
+    assert not any(c[0].startswith("start") for c in w.calls)
+    assert sorted(c for c in w.calls if c[0] == "abandon") == [("abandon", "a"), ("abandon", "b"), ("abandon", "c")]
+    assert any("900 MB free" in getattr(e, "text", "") for e in w.events)
