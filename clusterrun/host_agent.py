@@ -140,6 +140,20 @@ class HostAgent:
 
     # -------------------------------------------------------------- commands
 
+    def read_file(self, run_id: str, rel: str) -> bytes:
+        """A file from the run's job folder on this host (raw bytes)."""
+        done = self.transport.run(self.argv("cat", run_id, rel), timeout=self.timeouts.command)
+        if done.exit_code == EXIT_AGENT_MISSING:
+            self.install()
+            done = self.transport.run(self.argv("cat", run_id, rel), timeout=self.timeouts.command)
+        if done.exit_code != 0:
+            try:
+                reason = json.loads(done.stdout.decode().strip().splitlines()[-1])["error"]
+            except (ValueError, KeyError, IndexError):
+                raise self._command_failed(f"cannot read {rel}", done.exit_code, done.stderr) from None
+            raise RemoteCommandError(self.label, reason, exit_code=done.exit_code)
+        return done.stdout
+
     def free_port(self) -> int:
         return int(self.call("free-port")["port"])
 

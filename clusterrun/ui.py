@@ -23,6 +23,14 @@ from .events import HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
 
 
+def console(stderr: bool = True, **kw) -> Console:
+    """A rich console; when not a terminal, wide enough that tables and messages are not cut at 80."""
+    probe = sys.stderr if stderr else sys.stdout
+    width = None if probe.isatty() else max(160, int(os.environ.get("COLUMNS", "0") or 0))
+    return Console(stderr=stderr, width=width, highlight=False, soft_wrap=True,
+                   no_color=bool(os.environ.get("NO_COLOR")), **kw)
+
+
 def color_wanted(stream) -> bool:
     if os.environ.get("NO_COLOR"):
         return False
@@ -85,7 +93,7 @@ class RunView:
     """Renders a run's events: progress on stderr, logs on stdout."""
 
     def __init__(self, *, quiet: bool = False, secrets: Iterable[str] = ()):
-        self.err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=True)
+        self.err = console(stderr=True)
         self.logs = LogPrinter(secrets=secrets)
         self.quiet = quiet
         self._live = self.err.is_terminal and not quiet

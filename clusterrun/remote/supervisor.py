@@ -9,6 +9,7 @@ Usage (by the controller, never by hand): supervisor.py WORKDIR COMMAND [ARGS...
   follow RUN_DIR OFFS   stream log bytes from offsets, exit records and heartbeats as frames on stdout
   status RUN_DIR        print the run's state on this host as JSON
   stop RUN_DIR GRACE    TERM the ranks' process groups, wait GRACE, KILL; idempotent
+  cat RUN_DIR PATH      print a file of the run's job folder (results such as metrics.json)
   free-port             print a TCP port that is free on this host
   probe                 print facts about this host as JSON
 
@@ -35,6 +36,7 @@ FRAME = struct.Struct(">cIQI")  # type, rank, offset, payload length
 CHUNK = 1 << 20
 IDLE_SLEEP = 0.02
 HEARTBEAT_EVERY = 1.0
+CAT_LIMIT = 64 << 20
 
 
 class Fail(Exception):
@@ -652,6 +654,24 @@ def cmd_stop(run_dir, grace):
     return 0
 
 
+def cmd_cat(run_dir, rel):
+    """A file of the run's job folder (metrics.json, say), raw on stdout; never anything outside it."""
+    job = os.path.realpath(os.path.join(run_dir, "job"))
+    path = os.path.realpath(os.path.join(job, rel))
+    if not path.startswith(job + os.sep):
+        raise Fail("%r is outside the run's job folder" % rel, "protocol")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(CAT_LIMIT + 1)
+    except OSError as exc:
+        raise Fail("cannot read %s: %s" % (rel, exc.strerror), "missing", path)
+    if len(data) > CAT_LIMIT:
+        raise Fail("%s is larger than %d bytes" % (rel, CAT_LIMIT), "too_big", path)
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return 0
+
+
 def free_port():
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("", 0))
@@ -695,6 +715,8 @@ def main(argv):
             return cmd_status(run_dir())
         if command == "stop":
             return cmd_stop(run_dir(), float(args[1]))
+        if command == "cat":
+            return cmd_cat(run_dir(), args[1])
         if command == "free-port":
             return cmd_free_port()
         if command == "probe":

@@ -217,3 +217,13 @@ def test_missing_python_is_named(tmp_path):
     with pytest.raises(Exception) as info:
         a.probe()
     assert "no-python" in str(info.value)
+
+
+def test_cat_reads_only_inside_the_job_folder(agent, tmp_path):
+    run_id = "20261130-000000-0040"
+    agent.sync(run_id, project(tmp_path, {"job.py": b"x", "out/metrics.json": b'{"ok": 1}'}))
+    assert agent.read_file(run_id, "out/metrics.json") == b'{"ok": 1}'
+    with pytest.raises(RemoteCommandError, match="outside the run's job folder"):
+        agent.read_file(run_id, "../spec.json")
+    with pytest.raises(RemoteCommandError, match="cannot read out/missing.json"):
+        agent.read_file(run_id, "out/missing.json")
