@@ -6,16 +6,14 @@ import json
 import os
 import signal
 import sys
-import time
-import traceback
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import click
 from rich.table import Table
 from rich.text import Text
 
 from . import __version__
-from .errors import EXIT_CONNECT, EXIT_INTERRUPTED, ClusterrunError, HostsFailed, SecretMissing
+from .errors import EXIT_CONNECT, ClusterrunError, HostsFailed, SecretMissing
 from .inventory import Inventory, check_job_files, load_inventory, with_overrides
 from .ui import console
 
@@ -164,255 +162,6 @@ def _launch(inv: Inventory, run_id: str, secrets: dict, detach: bool) -> None:
     sys.exit(outcome.exit_code)
 
 
-# ------------------------------------------------------------------ ps, logs, stop
-
-
-def _connect_for(record):
-    from .host_agent import make_connect
-    from .inventory import Timeouts
-
-    t = record.snapshot.get("timeouts") or {}
-    return make_connect(Timeouts(**t))
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("-n", "--last", default=20, show_default=True, help="How many runs to list.")
-@click.option("--no-reconcile", is_flag=True, help="Only read the registry; do not ask hosts.")
-def ps(as_json: bool, last: int, no_reconcile: bool) -> None:
-    """List runs; runs whose controller is gone are brought up to date by asking their hosts."""
-    from .run_ops import reconcile
-
-    try:
-        store = _store()
-        records = []
-        for run_id in store.ids(limit=last):
-            record = store.get(run_id)
-            problems = {}
-            if not no_reconcile and (not record.terminal or record.cleanup_pending):
-                record, problems = reconcile(store, run_id, _connect_for(record))
-            records.append((record, problems))
-    except ClusterrunError as exc:
-        _fail(exc)
-        return
-    if as_json:
-        click.echo(json.dumps([_record_json(r, p) for r, p in records], indent=2))
-        return
-    table = Table(title_justify="left")
-    for col in ("run", "state", "hosts", "ranks", "started", "duration", "exit", "note"):
-        table.add_column(col)
-    for record, problems in records:
-        ended = record.ended_at or time.time()
-        note = record.reason or ""
-        if record.cleanup_pending:
-            note = (note + "; " if note else "") + f"stop pending on {', '.join(record.cleanup_pending)}"
-        if problems:
-            note = (note + "; " if note else "") + "unreachable: " + ", ".join(problems)
-        table.add_row(record.id, record.state, str(len(record.hosts)), str(len(record.ranks)),
-                      time.strftime("%m-%d %H:%M:%S", time.localtime(record.created_at)),
-                      f"{ended - record.created_at:.0f} s", "" if record.exit_code is None else str(record.exit_code),
-                      Text(note[:120]))
-    console(stderr=False).print(table)
-
-
-def _record_json(record, problems) -> dict:
-    return {"id": record.id, "state": record.state, "exit_code": record.exit_code, "reason": record.reason,
-            "created_at": record.created_at, "ended_at": record.ended_at, "inventory": record.inventory,
-            "detached": record.detached, "phases": record.phases, "hosts": record.hosts, "ranks": record.ranks,
-            "cleanup_pending": record.cleanup_pending, "unreachable": {k: str(v) for k, v in problems.items()}}
-
-
-@main.command()
-@click.argument("run", required=False, shell_complete=_complete_runs)
-@click.option("-f", "--follow", is_flag=True, help="Keep following until every rank has ended.")
-@click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")
-@click.option("--tail", type=int, default=None, help="Only the last N lines of each rank first.")
-def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[int]) -> None:
-    """Show (or follow) the logs of RUN (an id, a unique prefix, or `latest`), fetched from its hosts."""
-    from .logs import LineSplitter, tail_lines
-    from .run_ops import fetch_logs
-    from .ui import LogPrinter
-
-    try:
-        store = _store()
-        run_id = store.resolve(run)
-        record = store.get(run_id)
-        # mask the run's secrets where this shell has their values
-        names = record.plan.get("secret_names", [])
-        printer = LogPrinter(secrets=[os.environ[n] for n in names if n in os.environ])
-        host_of = {r["rank"]: r["host"] for r in record.ranks}
-        wanted = set(ranks) if ranks else set(host_of)
-        unknown = wanted - set(host_of)
-        if unknown:
-            raise ClusterrunError(f"run {run_id} has no rank {', '.join(map(str, sorted(unknown)))}")
-
-        def show_copies() -> None:
-            for rank in sorted(wanted):
-                path = store.log_path(run_id, rank)
-                if tail is not None:
-                    data = "".join(line + "\n" for line in tail_lines(path, tail)).encode()
-                    if data:
-                        printer.write(host_of[rank], rank, data)
-                    continue
-                splitter = LineSplitter()
-                with open(path, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        printer.write(host_of[rank], rank, splitter.feed(chunk))
-                printer.write(host_of[rank], rank, splitter.flush())
-
-        stop_flag: List[bool] = []
-        previous = signal.signal(signal.SIGINT, lambda s, f: stop_flag.append(True))
-        try:
-            fetch_logs(store, run_id, _connect_for(record), follow=follow, stop_flag=stop_flag,
-                       on_lines=lambda ev: ev.rank in wanted and printer.write(ev.host, ev.rank, ev.data),
-                       on_problem=lambda text: err.print(Text(text, style="yellow")),
-                       before_follow=show_copies)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        if not follow:
-            show_copies()
-        if stop_flag:
-            sys.exit(EXIT_INTERRUPTED)
-    except ClusterrunError as exc:
-        _fail(exc)
-
-
-@main.command()
-@click.argument("run", required=False, shell_complete=_complete_runs)
-@click.option("--grace", type=float, default=None, help="Seconds between TERM and KILL (default: the inventory's).")
-def stop(run: Optional[str], grace: Optional[float]) -> None:
-    """Stop every rank of RUN by its recorded process group (TERM, grace, KILL). Safe to repeat."""
-    from .run_ops import stop_run
-
-    try:
-        store = _store()
-        run_id = store.resolve(run)
-        record = store.get(run_id)
-        grace = grace if grace is not None else float((record.snapshot.get("timeouts") or {}).get("grace", 10))
-        record, failures = stop_run(store, run_id, _connect_for(record), grace)
-    except ClusterrunError as exc:
-        _fail(exc)
-        return
-    for name, exc in failures.items():
-        err.print(Text(f"{name}: not stopped: {exc}", style="bold red"))
-    err.print(Text(f"run {run_id}: {record.state}" + (f" ({record.reason})" if record.reason else ""),
-                   style="bold"))
-    if failures:
-        err.print(Text("run `clusterrun stop` again once those hosts are reachable", style="yellow"))
-        sys.exit(EXIT_CONNECT)
-
-
-# ------------------------------------------------------------------ sweep
-
-
-def _int_list(text: str, option: str) -> List[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}", param_hint=option)
-    if not values:
-        raise click.BadParameter("give at least one value", param_hint=option)
-    return values
-
-
-@main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
-@click.option("--nodes", default="1", show_default=True, help="Node counts (the first n hosts), e.g. 1,2,4.")
-@click.option("--batch-size", "batch_sizes", default="64", show_default=True, help="Per-rank batch sizes, e.g. 32,64.")
-@click.option("--init-method", "init_methods", default=None, help="e.g. tcp,file (default: the inventory's).")
-@click.option("--data-size", "data_sizes", default=None, help="Training samples, e.g. 1000,4000 (--data-size K).")
-@click.option("--repeat", default=1, show_default=True, help="Runs per point.")
-@click.option("--out", "out_dir", default=None, help="Results folder (default: sweeps/<sweep id>).")
-@click.option("--metrics", "metrics_path", default="out/metrics.json", show_default=True,
-              help="Rank 0's metrics file, relative to the job folder.")
-@click.option("--fail-fast", is_flag=True, help="Stop at the first failed point.")
-@click.option("--logs", "show_logs", is_flag=True, help="Show the ranks' output too.")
-@click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
-def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[str], data_sizes: Optional[str],
-          repeat: int, out_dir: Optional[str], metrics_path: str, fail_fast: bool, show_logs: bool,
-          job_args: Sequence[str]) -> None:
-    """Run a grid of ordinary runs (nodes x batch size x init method x data size) and plot the results.
-
-    Re-running the same command resumes: points already done are skipped.
-    """
-    from . import sweep as sw
-    from .events import LogLines
-    from .sweep_report import plot, rows, write_tables
-    from .sync import HashCache
-    from .ui import LogPrinter
-
-    try:
-        inv = _load(inventory)
-        check_job_files(inv)
-        node_counts = _int_list(nodes, "--nodes")
-        methods = (init_methods or inv.job.init_method).split(",")
-        sizes = _int_list(data_sizes, "--data-size") if data_sizes else [None]
-        sw.check_grid(inv, node_counts, methods)
-        args = list(job_args) if job_args else list(inv.job.args)
-        points = sw.grid(node_counts, _int_list(batch_sizes, "--batch-size"), methods, sizes, repeat)
-        ident = sw.sweep_id(inv, points, args)
-        folder = out_dir or os.path.join("sweeps", ident)
-        state = sw.SweepState(folder, ident, points)
-        store = _store()
-        printer = LogPrinter(secrets=_secrets(inv).values())
-    except ClusterrunError as exc:
-        _fail(exc)
-        return
-
-    def on_run_event(ev) -> None:
-        if show_logs and isinstance(ev, LogLines):
-            printer.write(ev.host, ev.rank, ev.data)
-
-    runner = sw.PointRunner(store=store, secrets=_secrets(inv), emit=on_run_event, metrics_path=metrics_path,
-                            hash_cache=HashCache(os.path.join(store.home, "hashes.json")))
-
-    def on_point(ev: "sw.PointEvent") -> None:
-        style = {"succeeded": "green", "failed": "bold red", "interrupted": "yellow", "skipped": "dim"}.get(ev.status, "")
-        text = f"[{ev.index}/{ev.total}] {ev.point.key}: {ev.status}"
-        if ev.status not in ("starting", "skipped"):
-            text += f" in {ev.seconds:.1f} s"
-        if ev.run_id:
-            text += f" (run {ev.run_id})"
-        if ev.detail:
-            text += f": {ev.detail}"
-        err.print(Text(text, style=style))
-
-    previous = {sig: signal.signal(sig, lambda s, f: runner.interrupt()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        finished = sw.run_sweep(inv, points, args, state, runner, on_point, fail_fast=fail_fast,
-                                interrupted=lambda: runner.interrupted)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    table = rows(sw.points_in(state, points))
-    written = write_tables(folder, table)
-    try:
-        written += plot(folder, table, note=f"{len(inv.hosts)}-host inventory {os.path.basename(inventory)}")
-    except ImportError:
-        err.print(Text("matplotlib is not installed: no plots (pip install 'clusterrun[plots]')", style="yellow"))
-    _show_sweep(table)
-    err.print(Text("results: " + ", ".join(written), style="dim"))
-    failed = [r for r in table if r["status"] != "succeeded"]
-    if runner.interrupted:
-        sys.exit(EXIT_INTERRUPTED)
-    sys.exit(1 if failed or not finished else 0)
-
-
-def _show_sweep(table) -> None:
-    out = Table(title="sweep results (speed-up and efficiency against the fewest nodes)", title_justify="left")
-    for col in ("point", "status", "ranks", "train s", "samples/s", "speed-up", "efficiency", "loss", "accuracy"):
-        out.add_column(col)
-
-    def num(v, fmt):
-        return format(v, fmt) if isinstance(v, (int, float)) else "-"
-
-    for r in table:
-        out.add_row(r["point"], r["status"], num(r["ranks"], "d"), num(r["train_s"], ".2f"),
-                    num(r["samples_per_s"], ".0f"), num(r["speedup"], ".2f"), num(r["efficiency"], ".0%"),
-                    num(r["final_loss"], ".3f"), num(r["test_accuracy"], ".3f"))
-    err.print(out)
-
-
 # ------------------------------------------------------------------ check
 
 
@@ -437,6 +186,9 @@ def check(inventory: str, as_json: bool) -> None:
 
 
 
+
+# the other commands live beside this file; importing them registers them on `main`
+from . import cli_runs, cli_sweep  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     main()

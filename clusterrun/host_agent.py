@@ -11,7 +11,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional
 
 from .errors import (CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, StartError)
 from .inventory import Host, Timeouts

@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Set
+from typing import Callable, Dict, Optional, Set
 
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIME_LIMIT, HostError
 from .events import LogLines, Notice, Phase, RankEnded, RankResult, RunOutcome

@@ -15,7 +15,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict
 from typing import Callable, Dict, List, Mapping, Optional
 
-from .errors import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIME_LIMIT, HostError, HostsFailed,
+from .errors import (EXIT_INTERRUPTED, EXIT_OK, HostError, HostsFailed,
                      RemoteCommandError)
 from .events import HostDone, HostProgress, Notice, Phase, RunOutcome
 from .host_agent import HeldPush, HostAgent
@@ -23,6 +23,7 @@ from .inventory import Host, Inventory
 from .monitor import Monitor
 from .plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_env
 from .preflight import preflight, preflight_error
+from .remote.supervisor import start_ticks
 from .store import RunStore
 from .sync import HashCache, Manifest, build_manifest
 
@@ -34,16 +35,7 @@ class Interrupted(Exception):
 
 
 def controller_identity() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "ticks": _start_ticks(os.getpid())}
-
-
-def _start_ticks(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-        return int(data[data.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    return {"host": socket.gethostname(), "pid": os.getpid(), "ticks": start_ticks(os.getpid())}
 
 
 def controller_alive(ident: Optional[dict]) -> bool:
@@ -54,7 +46,7 @@ def controller_alive(ident: Optional[dict]) -> bool:
         os.kill(ident["pid"], 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return ident.get("ticks") is None or _start_ticks(ident["pid"]) == ident["ticks"]
+    return ident.get("ticks") is None or start_ticks(ident["pid"]) == ident["ticks"]
 
 
 def inventory_snapshot(inv: Inventory) -> dict:

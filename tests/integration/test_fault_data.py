@@ -1,6 +1,5 @@
 """Disk full during the push, two runs side by side, and a rank that floods its output."""
 
-import hashlib
 import os
 import re
 import time

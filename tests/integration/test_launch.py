@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from faultkit import wait_for
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,16 +72,6 @@ def test_a_crashing_rank_brings_the_whole_job_down(cr, cluster, mode, expected):
     assert run["state"] == "failed"
     assert {r["rank"]: r["state"] for r in run["ranks"]}[2] == "failed"
     # the autouse guard fails the test if any process of the run is left on any host
-
-
-def wait_for(predicate, timeout=60, every=0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
 
 
 def test_detach_then_ps_logs_follow_and_stop(cr):

@@ -1,7 +1,6 @@
 """The host program (remote/supervisor.py) driven through the local transport: push by content hash,
 detached start, following by offset, stop by recorded process group. Real processes, no network."""
 
-import json
 import os
 import signal
 import stat

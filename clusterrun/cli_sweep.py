@@ -1,0 +1,125 @@
+"""`clusterrun sweep`: the grid of runs, its progress lines, and the results table."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import List, Optional, Sequence
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from .cli import _fail, _load, _secrets, _store, err, main
+from .errors import EXIT_INTERRUPTED, ClusterrunError
+from .inventory import check_job_files
+
+def _int_list(text: str, option: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}", param_hint=option)
+    if not values:
+        raise click.BadParameter("give at least one value", param_hint=option)
+    return values
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--nodes", default="1", show_default=True, help="Node counts (the first n hosts), e.g. 1,2,4.")
+@click.option("--batch-size", "batch_sizes", default="64", show_default=True, help="Per-rank batch sizes, e.g. 32,64.")
+@click.option("--init-method", "init_methods", default=None, help="e.g. tcp,file (default: the inventory's).")
+@click.option("--data-size", "data_sizes", default=None, help="Training samples, e.g. 1000,4000 (--data-size K).")
+@click.option("--repeat", default=1, show_default=True, help="Runs per point.")
+@click.option("--out", "out_dir", default=None, help="Results folder (default: sweeps/<sweep id>).")
+@click.option("--metrics", "metrics_path", default="out/metrics.json", show_default=True,
+              help="Rank 0's metrics file, relative to the job folder.")
+@click.option("--fail-fast", is_flag=True, help="Stop at the first failed point.")
+@click.option("--logs", "show_logs", is_flag=True, help="Show the ranks' output too.")
+@click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
+def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[str], data_sizes: Optional[str],
+          repeat: int, out_dir: Optional[str], metrics_path: str, fail_fast: bool, show_logs: bool,
+          job_args: Sequence[str]) -> None:
+    """Run a grid of ordinary runs (nodes x batch size x init method x data size) and plot the results.
+
+    Re-running the same command resumes: points already done are skipped.
+    """
+    from . import sweep as sw
+    from .events import LogLines
+    from .sweep_report import plot, rows, write_tables
+    from .sync import HashCache
+    from .ui import LogPrinter
+
+    try:
+        inv = _load(inventory)
+        check_job_files(inv)
+        node_counts = _int_list(nodes, "--nodes")
+        methods = (init_methods or inv.job.init_method).split(",")
+        sizes = _int_list(data_sizes, "--data-size") if data_sizes else [None]
+        sw.check_grid(inv, node_counts, methods)
+        args = list(job_args) if job_args else list(inv.job.args)
+        points = sw.grid(node_counts, _int_list(batch_sizes, "--batch-size"), methods, sizes, repeat)
+        ident = sw.sweep_id(inv, points, args)
+        folder = out_dir or os.path.join("sweeps", ident)
+        state = sw.SweepState(folder, ident, points)
+        store = _store()
+        printer = LogPrinter(secrets=_secrets(inv).values())
+    except ClusterrunError as exc:
+        _fail(exc)
+        return
+
+    def on_run_event(ev) -> None:
+        if show_logs and isinstance(ev, LogLines):
+            printer.write(ev.host, ev.rank, ev.data)
+
+    runner = sw.PointRunner(store=store, secrets=_secrets(inv), emit=on_run_event, metrics_path=metrics_path,
+                            hash_cache=HashCache(os.path.join(store.home, "hashes.json")))
+
+    def on_point(ev: "sw.PointEvent") -> None:
+        style = {"succeeded": "green", "failed": "bold red", "interrupted": "yellow", "skipped": "dim"}.get(ev.status, "")
+        text = f"[{ev.index}/{ev.total}] {ev.point.key}: {ev.status}"
+        if ev.status not in ("starting", "skipped"):
+            text += f" in {ev.seconds:.1f} s"
+        if ev.run_id:
+            text += f" (run {ev.run_id})"
+        if ev.detail:
+            text += f": {ev.detail}"
+        err.print(Text(text, style=style))
+
+    previous = {sig: signal.signal(sig, lambda s, f: runner.interrupt()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        finished = sw.run_sweep(inv, points, args, state, runner, on_point, fail_fast=fail_fast,
+                                interrupted=lambda: runner.interrupted)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    table = rows(sw.points_in(state, points))
+    written = write_tables(folder, table)
+    try:
+        written += plot(folder, table, note=f"{len(inv.hosts)}-host inventory {os.path.basename(inventory)}")
+    except ImportError:
+        err.print(Text("matplotlib is not installed: no plots (pip install 'clusterrun[plots]')", style="yellow"))
+    _show_sweep(table)
+    err.print(Text("results: " + ", ".join(written), style="dim"))
+    failed = [r for r in table if r["status"] != "succeeded"]
+    if runner.interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(1 if failed or not finished else 0)
+
+
+def _show_sweep(table) -> None:
+    out = Table(title="sweep results (speed-up and efficiency against the fewest nodes)", title_justify="left")
+    for col in ("point", "status", "ranks", "train s", "samples/s", "speed-up", "efficiency", "loss", "accuracy"):
+        out.add_column(col)
+
+    def num(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+    for r in table:
+        out.add_row(r["point"], r["status"], num(r["ranks"], "d"), num(r["train_s"], ".2f"),
+                    num(r["samples_per_s"], ".0f"), num(r["speedup"], ".2f"), num(r["efficiency"], ".0%"),
+                    num(r["final_loss"], ".3f"), num(r["test_accuracy"], ".3f"))
+    err.print(out)
+
+
