@@ -23,7 +23,7 @@ from .inventory import Host, Inventory
 from .monitor import Monitor
 from .plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_env
 from .preflight import preflight, preflight_error
-from .remote.supervisor import start_ticks
+from .remote.host.procs import start_ticks
 from .store import RunStore
 from .sync import HashCache, Manifest, build_manifest
 

@@ -1,32 +1,54 @@
-"""The host-side program (supervisor.py), as the controller ships it: source, content id, bootstrap."""
+"""The host program as the controller ships it: one zip of the stdlib-only package `host/`, its content
+id, and the one-line bootstrap and installer that run it with the host's Python."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import zipfile
 
-_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervisor.py")
-with open(_PATH, "rb") as _fh:
-    SOURCE: bytes = _fh.read()
+_HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host")
+_MAIN = b"import sys\nfrom clusterrun_host.main import main\nsys.exit(main(sys.argv))\n"
+
+
+def _build_zip() -> bytes:
+    """The package as a zip Python can run (`python agent.pyz`); fixed timestamps keep its bytes, and so
+    its id, the same wherever it is built from the same sources."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        entries = [("__main__.py", _MAIN)]
+        for name in sorted(os.listdir(_HOST)):
+            if name.endswith(".py"):
+                with open(os.path.join(_HOST, name), "rb") as fh:
+                    entries.append((f"clusterrun_host/{name}", fh.read()))
+        for arcname, data in entries:
+            info = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o600 << 16
+            zf.writestr(info, data)
+    return buf.getvalue()
+
+
+SOURCE: bytes = _build_zip()
 
 # Hosts keep every version they were sent under its content id, so controllers of different versions
 # can work on the same host side by side.
 AGENT_ID = hashlib.sha256(SOURCE).hexdigest()[:16]
 EXIT_AGENT_MISSING = 97
 
-# One line each (csh and fish also run them): find the agent under the workdir and run it in-process,
-# or exit 97 so the controller installs it; the installer checks the content id before renaming.
+# One line each (csh and fish also run them): find the program under the workdir and run it, or exit
+# 97 so the controller installs it; the installer checks the content id before renaming it into place.
 BOOTSTRAP = (
-    "import os,sys;w=os.path.expanduser(sys.argv[1]);"
-    "a=os.path.join(w,'bin','agent-'+sys.argv[2]+'.py');"
+    "import os,sys,runpy;w=os.path.expanduser(sys.argv[1]);"
+    "a=os.path.join(w,'bin','agent-'+sys.argv[2]+'.pyz');"
     "os.path.isfile(a) or sys.exit(97);"
     "sys.argv=[a,sys.argv[1]]+sys.argv[3:];"
-    "exec(compile(open(a,'rb').read(),a,'exec'),{'__name__':'__main__','__file__':a})"
+    "runpy.run_path(a,run_name='__main__')"
 )
 INSTALLER = (
     "import os,sys,hashlib;os.umask(0o077);w=os.path.expanduser(sys.argv[1]);d=os.path.join(w,'bin');"
     "os.makedirs(d,0o700,exist_ok=True);b=sys.stdin.buffer.read();"
     "hashlib.sha256(b).hexdigest()[:16]==sys.argv[2] or sys.exit(98);"
     "t=os.path.join(d,'.agent-%d.tmp'%os.getpid());f=open(t,'wb');f.write(b);f.close();"
-    "os.replace(t,os.path.join(d,'agent-'+sys.argv[2]+'.py'))"
+    "os.replace(t,os.path.join(d,'agent-'+sys.argv[2]+'.pyz'))"
 )

@@ -1,4 +1,4 @@
-"""The host program (remote/supervisor.py) driven through the local transport: push by content hash,
+"""The host program (remote/host/) driven through the local transport: push by content hash,
 detached start, following by offset, stop by recorded process group. Real processes, no network."""
 
 import os

@@ -1,0 +1,83 @@
+"""Dispatch of the host program's commands (see the package docstring), and the small ones."""
+
+import os
+import shutil
+import socket
+import sys
+import time
+
+from .common import CAT_LIMIT, Fail, free_port, reply, send_msg
+from .follow import cmd_follow
+from .receive import cmd_sync
+from .runstate import cmd_status
+from .stop import cmd_stop
+from .supervise import cmd_start
+
+
+
+def cmd_cat(run_dir, rel):
+    """A file of the run's job folder (metrics.json, say), raw on stdout; never anything outside it."""
+    job = os.path.realpath(os.path.join(run_dir, "job"))
+    path = os.path.realpath(os.path.join(job, rel))
+    if not path.startswith(job + os.sep):
+        raise Fail("%r is outside the run's job folder" % rel, "protocol")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(CAT_LIMIT + 1)
+    except OSError as exc:
+        raise Fail("cannot read %s: %s" % (rel, exc.strerror), "missing", path)
+    if len(data) > CAT_LIMIT:
+        raise Fail("%s is larger than %d bytes" % (rel, CAT_LIMIT), "too_big", path)
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_free_port():
+    reply({"port": free_port()})
+    return 0
+
+
+def cmd_probe(workdir):
+    import platform
+    usage = shutil.disk_usage(workdir if os.path.isdir(workdir) else os.path.dirname(workdir) or "/")
+    reply({"python": platform.python_version(), "executable": sys.executable, "hostname": socket.gethostname(),
+           "time": time.time(), "disk_free": usage.free, "platform": sys.platform})
+    return 0
+
+
+def main(argv):
+    os.umask(0o077)
+    workdir, command, args = os.path.expanduser(argv[1]), argv[2], argv[3:]
+    os.makedirs(workdir, 0o700, exist_ok=True)
+
+    def run_dir():
+        path = os.path.normpath(os.path.join(workdir, "runs", args[0]))
+        if os.path.dirname(path) != os.path.join(workdir, "runs"):
+            raise Fail("bad run id %r" % args[0], "protocol")
+        return path
+
+    try:
+        if command == "sync":
+            return cmd_sync(workdir, run_dir())
+        if command == "start":
+            return cmd_start(run_dir())
+        if command == "follow":
+            return cmd_follow(run_dir(), args[1], once="--once" in args[2:])
+        if command == "status":
+            return cmd_status(run_dir())
+        if command == "stop":
+            return cmd_stop(run_dir(), float(args[1]))
+        if command == "cat":
+            return cmd_cat(run_dir(), args[1])
+        if command == "free-port":
+            return cmd_free_port()
+        if command == "probe":
+            return cmd_probe(workdir)
+        raise Fail("unknown command %r" % command, "protocol")
+    except Fail as exc:
+        answer = {"error": str(exc), "kind": exc.kind, "path": exc.path}
+        send_msg(answer) if command == "sync" else reply(answer)  # sync speaks framed messages
+        return 1
+    except BrokenPipeError:
+        return 1

@@ -1,0 +1,90 @@
+"""Which processes are ours: recorded pid + start time, process groups, and the run id in the
+environment. Signals go only to processes that pass these checks - never to a name or pattern."""
+
+import os
+
+
+
+def start_ticks(pid):
+    """Process start time in clock ticks since boot (None if gone or no /proc): tells pid reuse apart."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read()
+        return int(data[data.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def same_process(pid, ticks):
+    """True if pid is alive and is the process recorded with these start ticks."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    now = start_ticks(pid)
+    if now is None or ticks is None:
+        return not os.path.exists("/proc/self/stat")  # no /proc: best effort on the pid alone
+    return now == ticks
+
+
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def run_members(run_id):
+    """Pids of this user's processes whose environment carries this run's id (catches setsid escapees)."""
+    marker = ("CLUSTERRUN_RUN_ID=%s" % run_id).encode()
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    me = os.getpid()
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as fh:
+                if marker in fh.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def signal_rank(run_id, info, sig):
+    """Signal one rank's process group, if it is still ours; else its leftover members by run id."""
+    pgid = info.get("pgid")
+    if same_process(info.get("pid"), info.get("ticks")):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+    for pid in run_members(run_id):
+        try:
+            if os.getpgid(pid) == pgid:
+                os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def rank_live(run_id, info):
+    if same_process(info.get("pid"), info.get("ticks")):
+        return True
+    pgid = info.get("pgid")
+    for pid in run_members(run_id):
+        try:
+            if os.getpgid(pid) == pgid:
+                return True
+        except ProcessLookupError:
+            pass
+    return False

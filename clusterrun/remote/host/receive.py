@@ -1,0 +1,135 @@
+"""The push's receiving end: objects the content cache lacks arrive framed on stdin, are checked
+against their SHA-256, and the run's job folder is built from hard links to them."""
+
+import errno
+import hashlib
+import os
+import shutil
+import sys
+
+from .common import CHUNK, Fail, free_port, read_msg, send_msg
+from .supervise import start_run
+
+
+
+def safe_rel(path):
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\0" in path or any(p in ("", ".", "..") for p in parts):
+        raise Fail("unsafe path in manifest: %r" % path, "protocol")
+    return os.path.join(*parts)
+
+
+def object_path(cache, sha, executable):
+    return os.path.join(cache, sha[:2], sha + ("-x" if executable else ""))
+
+
+def cmd_sync(workdir, run_dir):
+    """Receive objects the host's content cache lacks, then build RUN_DIR/job from hard links."""
+    cache = os.path.join(workdir, "cache", "objects")
+    stdin = sys.stdin.buffer
+    manifest = read_msg(stdin)
+    files = manifest["files"]  # [relpath, sha256, size, executable]
+    for rel, sha, _, _ in files:
+        safe_rel(rel)
+        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise Fail("bad object id %r" % sha, "protocol")
+    missing, seen = [], set()
+    for _, sha, size, exe in files:
+        key = (sha, bool(exe))
+        if key not in seen and not os.path.exists(object_path(cache, sha, exe)):
+            missing.append([sha, size, bool(exe)])
+        seen.add(key)
+    need = sum(size for _, size, _ in missing)
+    os.makedirs(cache, 0o700, exist_ok=True)
+    free = shutil.disk_usage(cache).free
+    if need > free:
+        send_msg({"missing": [], "error": "not enough disk space: the push needs %d bytes, %d free" % (need, free),
+                  "kind": "disk_full", "path": cache})
+        return 1
+    try:
+        os.makedirs(os.path.dirname(run_dir), 0o700, exist_ok=True)
+        os.mkdir(run_dir, 0o700)
+    except FileExistsError:
+        send_msg({"missing": [], "error": "run folder already exists", "kind": "exists", "path": run_dir})
+        return 1
+    send_msg({"missing": [sha for sha, _, _ in missing], "port": free_port() if manifest.get("free_port") else None})
+    received = 0  # bytes of objects read from the controller so far
+    current = ""
+    created = []  # objects this push added to the cache: removed again if the push fails
+    try:
+        for sha, size, exe in missing:
+            final = object_path(cache, sha, exe)
+            current = final
+            os.makedirs(os.path.dirname(final), 0o700, exist_ok=True)
+            tmp = "%s.tmp-%d" % (final, os.getpid())
+            digest = hashlib.sha256()
+            try:
+                with open(tmp, "wb") as out:
+                    left = size
+                    while left:
+                        chunk = stdin.read(min(left, CHUNK))
+                        if not chunk:
+                            raise Fail("the controller went away during the push", "aborted")
+                        received += len(chunk)
+                        digest.update(chunk)
+                        out.write(chunk)
+                        left -= len(chunk)
+                if digest.hexdigest() != sha:
+                    raise Fail("content of %s arrived corrupted" % sha, "corrupt")
+                os.chmod(tmp, 0o555 if exe else 0o444)
+                os.replace(tmp, final)
+                created.append(final)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        job = os.path.join(run_dir, "job")
+        os.mkdir(job, 0o700)
+        for rel in manifest.get("dirs", []):
+            os.makedirs(os.path.join(job, safe_rel(rel)), 0o700, exist_ok=True)
+        for rel, sha, _, exe in files:
+            dest = os.path.join(job, safe_rel(rel))
+            current = dest
+            os.makedirs(os.path.dirname(dest), 0o700, exist_ok=True)
+            src = object_path(cache, sha, exe)
+            try:
+                os.link(src, dest)
+            except OSError:
+                shutil.copy2(src, dest)  # another file system, or too many links
+        for rel, target in manifest.get("symlinks", []):
+            dest = os.path.join(job, safe_rel(rel))
+            resolved = os.path.normpath(os.path.join(os.path.dirname(dest), target))
+            if target.startswith("/") or not resolved.startswith(job + os.sep):
+                raise Fail("symlink %s points out of the job (%s)" % (rel, target), "protocol", rel)
+            os.makedirs(os.path.dirname(dest), 0o700, exist_ok=True)
+            os.symlink(target, dest)
+    except (OSError, Fail) as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing has started: leave no partial run behind
+        for path in created:  # and give the space back (the disk may be what is full)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            kind = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "os"
+            message = os.strerror(exc.errno) if exc.errno else str(exc)
+            exc = Fail(message, kind, current)
+        left = need - received  # take what the controller still sends, so that it gets to read this answer
+        while left > 0:
+            chunk = stdin.read(min(left, CHUNK))
+            if not chunk:
+                break
+            left -= len(chunk)
+        send_msg({"error": str(exc), "kind": exc.kind, "path": exc.path})
+        return 1
+    send_msg({"ok": True, "received": received, "objects": len(missing), "files": len(files)})
+    if not manifest.get("hold"):
+        return 0
+    # Hold the channel for the start (saves a connection round trip and an interpreter start-up);
+    # end of input instead means the controller is gone or will not start: leave no half-made run.
+    try:
+        message = read_msg(stdin)
+    except Fail:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return 0
+    send_msg({"state": start_run(run_dir, message["start"])})
+    return 0

@@ -1,0 +1,67 @@
+"""A run's state on this host, read back from its files: what started, what ended, what is lost."""
+
+import os
+import time
+
+from .common import Fail, exit_path, log_path, read_json, reply, write_json_atomic
+from .procs import rank_live, same_process
+
+
+
+def load_state(run_dir, must_exist=True):
+    """(spec, state); (None, None) for a run that was pushed (or not even that) but never started."""
+    state = read_json(os.path.join(run_dir, "state.json"))
+    spec = read_json(os.path.join(run_dir, "spec.json"))
+    if spec is None:
+        if os.path.isdir(run_dir) or not must_exist:
+            return None, None
+        raise Fail("no such run on this host", "missing", run_dir)
+    return spec, state
+
+
+def settle(run_dir, spec, state, check_lost=True):
+    """Exit records by rank; with check_lost, make up 'lost' ones for ranks gone without a record.
+
+    A rank is lost when its supervisor is gone and so is the rank: nobody is left to record its exit.
+    """
+    exits = {}
+    sup = (state or {}).get("supervisor", {})
+    sup_alive = same_process(sup.get("pid"), sup.get("ticks"))
+    if state is None:
+        try:  # the supervisor may be about to write its state; give it time before calling anything lost
+            check_lost = check_lost and time.time() - os.path.getmtime(os.path.join(run_dir, "spec.json")) > 30
+        except OSError:
+            check_lost = False
+    for r in spec["ranks"]:
+        rank = r["rank"]
+        rec = read_json(exit_path(run_dir, rank))
+        if rec is None and check_lost and not sup_alive:
+            info = (state or {}).get("ranks", {}).get(str(rank))
+            if info is None or not rank_live(spec["run_id"], info):
+                rec = {"rank": rank, "exit_code": None, "signal": None, "ended_at": time.time(), "stopped": False,
+                       "lost": True, "error": "the supervisor on this host is gone; exit status unknown"}
+                write_json_atomic(exit_path(run_dir, rank), rec, exclusive=True)
+                rec = read_json(exit_path(run_dir, rank))
+        if rec is not None:
+            exits[rank] = rec
+    return exits, sup_alive
+
+
+def cmd_status(run_dir):
+    spec, state = load_state(run_dir, must_exist=False)
+    if spec is None:
+        reply({"run_dir": run_dir, "started": False, "ranks": {}})
+        return 0
+    exits, sup_alive = settle(run_dir, spec, state)
+    ranks = {}
+    for r in spec["ranks"]:
+        rank = r["rank"]
+        try:
+            size = os.path.getsize(log_path(run_dir, rank))
+        except OSError:
+            size = 0
+        ranks[str(rank)] = {"exit": exits.get(rank), "log_size": size,
+                            "pid": (state or {}).get("ranks", {}).get(str(rank), {}).get("pid")}
+    reply({"run_dir": run_dir, "started": True, "supervisor_alive": sup_alive, "now": time.time(),
+           "done": len(exits) == len(spec["ranks"]), "ranks": ranks})
+    return 0
