@@ -17,6 +17,7 @@ import yaml
 from .errors import InventoryError, Problem, UsageError
 from .yaml_nodes import STR as STR_TAG
 from .yaml_nodes import NodeReader, compose
+from .hostfile import HOSTNAME_RE, looks_like_hostfile, parse_hostfile
 
 HOST_KEYS = ("user", "port", "identity_file", "known_hosts", "host_key_policy", "python", "workdir",
              "connection", "env", "proxy_jump", "slots")
@@ -29,7 +30,6 @@ TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeout
 # What may reach an SSH command line or a file name is held to plain characters; everything else (env
 # values, script args) is passed byte-exact through JSON and never seen by a shell.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_\[][A-Za-z0-9._:%\[\]-]{0,252}$")
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JUMP_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9_\[][A-Za-z0-9._:%\[\]-]*(?::\d+)?"
@@ -186,43 +186,6 @@ def _make_host(settings: dict, defaults: dict, local_python: str, source: str) -
         python=merged.get("python") or ("python3" if connection == "ssh" else local_python),
         workdir=merged.get("workdir", "~/.clusterrun"), env=merged["env"], proxy_jump=merged.get("proxy_jump"),
         source=source)
-
-
-def parse_hostfile(text: str, file: str) -> List[Tuple[dict, str]]:
-    """DeepSpeed/OpenMPI hostfile lines (`node1 slots=4`, `#` comments) → host settings with their source."""
-    problems: List[Problem] = []
-    hosts: List[Tuple[dict, str]] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0]
-        words = line.split()
-        if not words:
-            continue
-        col = raw.index(words[0]) + 1
-        if not HOSTNAME_RE.match(words[0]):
-            problems.append(Problem(file, lineno, col, "", f"{words[0]!r} is not a valid host name"))
-            continue
-        settings: dict = {"host": words[0]}
-        for word in words[1:]:
-            m = re.match(r"^(slots|max_slots|max-slots)=(\d+)$", word)
-            wcol = raw.index(word) + 1
-            if not m:
-                problems.append(Problem(file, lineno, wcol, "", f"unexpected {word!r}; expected slots=N"))
-            elif m.group(1) == "slots":
-                if int(m.group(2)) < 1:
-                    problems.append(Problem(file, lineno, wcol, "", "slots must be at least 1"))
-                settings["slots"] = max(1, int(m.group(2)))
-        hosts.append((settings, f"{file}:{lineno}:{col}"))
-    if problems:
-        raise InventoryError(problems)
-    if not hosts:
-        raise InventoryError([Problem(file, 1, 1, "", "the hostfile lists no hosts")])
-    return hosts
-
-
-def looks_like_hostfile(text: str) -> bool:
-    lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
-    lines = [ln for ln in lines if ln]
-    return bool(lines) and all(":" not in ln and not ln.startswith("-") for ln in lines)
 
 
 def parse_inventory(text: str, file: str, *, local_python: str = sys.executable) -> Inventory:
