@@ -1,0 +1,77 @@
+"""~/.ssh/config aliases and ProxyJump (fabric's gateway: a direct-tcpip channel through the jump host)."""
+
+import subprocess
+
+import pytest
+
+from faultkit import FAST
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def home_with_ssh_config(cr, cluster, tmp_path):
+    """A HOME whose ~/.ssh/config names the hosts by alias; node1 only through node0 (ProxyJump)."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    n0, n1 = cluster.host("node0").address, cluster.host("node1").address
+    (home / ".ssh" / "config").write_text(f"""\
+Host gate
+    HostName {n0}
+    User cr
+    IdentityFile {cluster.key_path}
+Host inner
+    HostName {n1}
+    User cr
+    IdentityFile {cluster.key_path}
+    ProxyJump gate
+""")
+    cr.env["HOME"] = str(home)
+    return n0, n1
+
+
+@pytest.fixture
+def no_direct_route_to(cluster):
+    """Refuse this machine's own SSH connections to a host, so only a jump can reach it."""
+    rules = []
+
+    def block(address):
+        rule = ["OUTPUT", "-d", address, "-p", "tcp", "--dport", "22", "-j", "REJECT"]
+        subprocess.run(["iptables", "-I", *rule], check=True)
+        rules.append(rule)
+
+    yield block
+    for rule in rules:
+        subprocess.run(["iptables", "-D", *rule], check=True)
+
+
+def test_aliases_and_proxy_jump_from_ssh_config(cr, cluster, home_with_ssh_config, no_direct_route_to):
+    n0, n1 = home_with_ssh_config
+    no_direct_route_to(n1)
+    direct = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "-i", str(cluster.key_path),
+                             "-o", f"UserKnownHostsFile={cluster.known_hosts_path}", f"cr@{n1}", "true"],
+                            capture_output=True)
+    assert direct.returncode != 0  # really no direct way to node1 from here
+
+    def aliases(hosts):
+        hosts[:] = [{"name": "gate", "host": "gate"}, {"name": "inner", "host": "inner"}]
+
+    inv = cr.inventory(job={"args": ["--steps", "2"]}, top={"timeouts": FAST}, edit_hosts=aliases)
+    text = inv.read_text().replace("  user: cr\n", "").replace(f"  identity_file: {cluster.key_path}\n", "")
+    inv.write_text(text)  # user and key come from ~/.ssh/config now
+    dry = cr.run("launch", "--dry-run", inv)
+    assert dry.returncode == 0, dry.stderr
+    assert f"MASTER_ADDR={n0}" in dry.stdout  # the alias resolved: other hosts can reach that
+    done = cr.run("launch", inv)
+    assert done.returncode == 0, done.stderr
+    assert "[inner r1] rank 1 finished" in done.stdout
+
+
+def test_a_jump_host_that_cannot_be_reached_is_named(cr, cluster, home_with_ssh_config, no_direct_route_to):
+    n0, n1 = home_with_ssh_config
+    no_direct_route_to(n0)
+    inv = cr.inventory(job={"args": ["--steps", "1"]}, top={"timeouts": FAST},
+                       edit_hosts=lambda hosts: hosts.__setitem__(slice(None), [{"name": "inner", "host": "inner"}]))
+    done = cr.run("launch", inv)
+    assert done.returncode == 3, done.stderr
+    assert "inner: unreachable" in done.stderr and n0 in done.stderr
