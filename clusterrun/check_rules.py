@@ -287,7 +287,7 @@ def disk_result(disk: Mapping, push_bytes: Optional[int], push_error: str = "") 
 
 
 def port_text(port: Mapping, wanted: Optional[int], host: str) -> CheckResult:
-    """Rank 0's master port, from the listener's (or quick probe's) bind."""
+    """Rank 0's master port, from the listener's bind (check) or the push's (launch's preflight)."""
     data = {"port": port.get("port", wanted), "auto": wanted is None}
     if port.get("free"):
         label = f"auto: {port['port']} is free" if wanted is None else f"{port['port']} is free"

@@ -195,16 +195,19 @@ class HostAgent:
         return self._sync(run_id, manifest, progress, hold=False, want_port=False)[0]
 
     def push(self, run_id: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None,
-             want_port: bool = False) -> "HeldPush":
+             want_port: bool = False, check_port: Optional[int] = None, master_addr: str = "") -> "HeldPush":
         """Push the job and keep the channel for the start: one command per host for push and start.
-        Dropping the HeldPush (abandon) makes the host remove the run it received."""
-        result, stream, port = self._sync(run_id, manifest, progress, hold=True, want_port=want_port)
-        return HeldPush(self, stream, result, port)
+        Dropping the HeldPush (abandon) makes the host remove the run it received. The host also reports
+        facts for the preflight (its Python; whether check_port is free)."""
+        result, stream, answer = self._sync(run_id, manifest, progress, hold=True, want_port=want_port,
+                                            check_port=check_port, master_addr=master_addr)
+        return HeldPush(self, stream, result, answer.get("port"), answer.get("facts") or {})
 
-    def _sync(self, run_id, manifest, progress, *, hold: bool, want_port: bool):
+    def _sync(self, run_id, manifest, progress, *, hold: bool, want_port: bool, check_port: Optional[int] = None,
+              master_addr: str = ""):
         for attempt in (1, 2):
             try:
-                return self._sync_once(run_id, manifest, progress, hold, want_port)
+                return self._sync_once(run_id, manifest, progress, hold, want_port, check_port, master_addr)
             except AgentMissing:
                 if attempt == 2:
                     raise
@@ -212,13 +215,14 @@ class HostAgent:
         raise AssertionError("unreachable")
 
     def _sync_once(self, run_id: str, manifest: Manifest, progress: Callable[[int], None], hold: bool,
-                   want_port: bool):
+                   want_port: bool, check_port: Optional[int], master_addr: str):
         t0 = time.monotonic()
         stream = self.transport.open(self.argv("sync", run_id))
         timeout = self.timeouts.command
         keep = False
         try:
-            wire = json.dumps({**manifest.wire(), "hold": hold, "free_port": want_port}).encode()
+            wire = json.dumps({**manifest.wire(), "hold": hold, "free_port": want_port, "check_port": check_port,
+                               "master_addr": master_addr}).encode()
             try:
                 stream.write(MSG_LEN.pack(len(wire)) + wire, timeout)
                 answer = read_msg(stream, timeout)
@@ -244,7 +248,7 @@ class HostAgent:
                                 hint=_push_hint(result.get("kind", "")))
             keep = hold
             return (SyncResult(sent_bytes=sent, objects=result["objects"], files=result["files"],
-                               seconds=time.monotonic() - t0), stream, answer.get("port"))
+                               seconds=time.monotonic() - t0), stream, answer)
         except TimeoutError:
             raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
         except StreamClosed as exc:
@@ -267,10 +271,11 @@ def read_msg(stream: Stream, timeout: float) -> dict:
 class HeldPush:
     """A host that has the job and waits, on the same channel, for the word to start it."""
 
-    def __init__(self, agent: HostAgent, stream: Stream, result: SyncResult, port: Optional[int]):
+    def __init__(self, agent: HostAgent, stream: Stream, result: SyncResult, port: Optional[int], facts: dict):
         self.agent = agent
         self.result = result
         self.port = port  # a free port on the host, when asked for
+        self.facts = facts  # for the preflight: {"python", "executable"[, "port"]}
         self._stream: Optional[Stream] = stream
 
     def start(self, spec: dict) -> dict:

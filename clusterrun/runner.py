@@ -102,14 +102,12 @@ class Runner:
         try:
             self._phase("connect", lambda: self._fan_out("connect", plan.nodes, self._connect_node))
             auto_port = plan.master_port is None
-            # the cheap checks of `clusterrun check` run on every host while the job is being pushed
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight") as pool:
-                with self._agents_lock:
-                    agents = dict(self._agents)
-                checks = pool.submit(self._checks, self.inv, agents, None)  # the push checks space exactly
-                self._phase("push", lambda: self._fan_out("push", plan.nodes,
-                                                          lambda n: self._push(n, manifest, auto_port)))
-                problems = checks.result()
+            self._phase("push", lambda: self._fan_out("push", plan.nodes,
+                                                      lambda n: self._push(n, manifest, plan)))
+            # the cheap checks of `clusterrun check`, on what every host reported while receiving the job
+            with self._agents_lock:
+                facts = {n: held.facts for n, held in self._held.items()}
+            problems = self._checks(self.inv, facts)
             for p in problems:
                 self._emit(Notice(f"{p.host}: {p.check}: {p.detail}" + (f" ({p.hint})" if p.hint else ""),
                                   "error" if p.status == "fail" else "warning"))
@@ -242,7 +240,7 @@ class Runner:
         self._post(HostDone("connect", node.host.name, time.monotonic() - t))
         return agent
 
-    def _push(self, node: NodePlan, manifest: Manifest, auto_port: bool) -> None:
+    def _push(self, node: NodePlan, manifest: Manifest, plan: LaunchPlan) -> None:
         t = time.monotonic()
         total = manifest.total_bytes
         sent = [0]
@@ -252,8 +250,10 @@ class Runner:
             self._post(HostProgress("push", node.host.name, sent[0], total))
 
         self.store.update_host(self.run_id, node.node_rank, state="pushing")
-        held = self._agent(node.node_rank).push(self.run_id, manifest, progress,
-                                                want_port=auto_port and node.node_rank == 0)
+        rank0 = node.node_rank == 0
+        held = self._agent(node.node_rank).push(
+            self.run_id, manifest, progress, want_port=rank0 and plan.master_port is None,
+            check_port=plan.master_port if rank0 else None, master_addr=plan.master_addr)
         with self._agents_lock:
             self._held[node.node_rank] = held
         result = held.result

@@ -90,6 +90,9 @@ class RunStore:
             os.chmod(path, 0o600)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
+        # commits survive the controller being killed; only an OS crash could lose the newest ones, and
+        # an fsync per commit (dozens per launch) would put disk latency on the launch's critical path
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=30000")
         with self._db:
             self._db.executescript(_SCHEMA)

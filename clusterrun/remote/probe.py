@@ -4,7 +4,6 @@ Usage (by the controller, never by hand): python - COMMAND [TAG] < (OPTIONS line
 
   facts   everything `clusterrun check` wants to know about this host (torch in a child process)
   reach   a TCP connection to MASTER_ADDR:MASTER_PORT, and the token file in the shared folder
-  quick   the cheap subset for `launch`: Python, workdir space, master port free; never imports torch
   listen  (rank 0's host) bind the master port, accept the other hosts' test connections, print each
 
 The controller puts `OPTIONS = '<json>'` in front of this source, so options (the host's env among
@@ -253,7 +252,7 @@ def cmd_reach(opts):
     return 0
 
 
-# ------------------------------------------------------------------ quick (launch's preflight)
+# ------------------------------------------------------------------ the master port
 
 
 def port_holder(port):
@@ -315,17 +314,6 @@ def bind_port(port, family):
 
 def family_of(opts):
     return socket.AF_INET6 if ":" in (opts.get("master_addr") or "") else socket.AF_INET
-
-
-def cmd_quick(opts):
-    out = python_facts()
-    out["disk"] = disk_facts(opts["workdir"])
-    if opts.get("port"):
-        sock, out["port"] = bind_port(opts["port"], family_of(opts))
-        if sock is not None:
-            sock.close()
-    say(out)
-    return 0
 
 
 # ------------------------------------------------------------------ listen (rank 0's host)
@@ -393,7 +381,7 @@ def cmd_listen(opts):
 def main(argv):
     command = argv[1]
     opts = json.loads(globals().get("OPTIONS", "{}"))
-    handler = {"facts": cmd_facts, "reach": cmd_reach, "quick": cmd_quick, "listen": cmd_listen}.get(command)
+    handler = {"facts": cmd_facts, "reach": cmd_reach, "listen": cmd_listen}.get(command)
     if handler is None:
         say({"error": "unknown command %r" % command})
         return 2

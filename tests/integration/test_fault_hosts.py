@@ -59,15 +59,22 @@ def test_stop_marks_an_unreachable_host_and_finishes_it_when_it_is_back(cr, clus
     assert run["cleanup_pending"] == []
 
 
-def test_master_port_taken_fails_with_the_cause(cr, cluster, ssh):
+def test_master_port_taken_is_refused_by_the_preflight_before_starting(cr, cluster, ssh):
+    before = {h: cr.run_dirs(h) for h in ("node0", "node1", "node2", "node3")}
     holder = ssh("node0").spawn("/opt/venv/bin/python -c \"import socket,time; s=socket.socket(); "
-                                "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('', 29500)); s.listen(); print('holding', flush=True); time.sleep(300)\"")
-    assert holder.readline().strip() == "holding"
-    inv = cr.inventory(job={"args": ["--steps", "3"], "timeout": "20s"}, top={"timeouts": FAST})
-    done = cr.run("launch", inv)
-    assert done.returncode in (1, 3), done.stderr
-    assert "29500" in done.stderr and ("in use" in done.stderr or "address already in use" in done.stderr.lower())
-    holder.kill()
+                                "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('', 29500)); "
+                                "s.listen(); print('holding', flush=True); time.sleep(300)\"")
+    try:
+        assert holder.readline().strip() == "holding"
+        done = cr.run("launch", cr.inventory(job={"args": ["--steps", "3"]}, top={"timeouts": FAST}))
+    finally:
+        holder.kill()
+    assert done.returncode == 1, done.stderr
+    assert "preflight failed on 1 host; nothing was started" in done.stderr
+    assert "master port 29500 is in use on node0" in done.stderr
+    assert {r["state"] for r in cr.ps()[0]["ranks"]} == {"not-started"}
+    time.sleep(1)  # the hosts drop what they received when their held channel closes
+    assert {h: cr.run_dirs(h) for h in before} == before
 
 
 def test_a_worker_that_cannot_reach_the_master_ends_the_job(cr, cluster):

@@ -19,8 +19,7 @@ from clusterrun.check_rules import (CHECKS, CheckResult, HostReport, Report, clo
                                     disagreement, disk_result, group_versions, port_text, probe_failed,
                                     python_results, shell_noise, ssh_failed, torch_results)
 from clusterrun.errors import AuthError, ConnectError, HostKeyChanged, HostKeyUnknown, HostsFailed
-from clusterrun.host_agent import HostAgent
-from clusterrun.inventory import Host, Timeouts, parse_inventory
+from clusterrun.inventory import Host, parse_inventory
 from clusterrun.preflight import preflight, preflight_error
 from clusterrun.transport.local import LocalTransport
 
@@ -337,14 +336,15 @@ def busy_port():
     sock.close()
 
 
-def test_quick_probe_finds_who_holds_a_port(tmp_path, busy_port):
-    answer = run_probe(LocalTransport("here"), sys.executable, "quick",
-                       {"workdir": str(tmp_path / "w"), "port": busy_port}, timeout=20)
-    (_, facts), = answer.lines
-    assert facts["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert facts["port"]["free"] is False and "EADDRINUSE" in facts["port"]["error"]
-    assert facts["port"]["holder"]["pid"] == os.getpid()
-    assert facts["disk"]["checked"] == str(tmp_path) and facts["disk"]["writable"]
+def test_the_listener_names_who_holds_a_taken_port(tmp_path, busy_port):
+    listener = Listener(LocalTransport("here"), sys.executable, {"port": busy_port, "expect": 0, "deadline": 5},
+                        timeout=20)
+    try:
+        port = listener.ready["port"]
+    finally:
+        listener.finish([], wait=5)
+    assert port["free"] is False and "EADDRINUSE" in port["error"]
+    assert port["holder"]["pid"] == os.getpid()
 
 
 def test_listener_reports_who_connected_and_removes_its_token_file(tmp_path):
@@ -364,21 +364,22 @@ def test_listener_reports_who_connected_and_removes_its_token_file(tmp_path):
     assert not token_file.exists()
 
 
-def test_preflight_names_each_problem_and_its_host(tmp_path, busy_port):
-    inv = parse_inventory(f"version: 1\nhosts: [{{name: a, host: x}}]\nmaster: {{port: {busy_port}}}\n",
-                          str(tmp_path / "inv.yaml"))
-    agents = {0: HostAgent(_local_host(tmp_path, "a"), LocalTransport("a"), Timeouts(command=20)),
-              1: HostAgent(_local_host(tmp_path, "b", python=str(tmp_path / "no-python")), LocalTransport("b"),
-                           Timeouts(command=20)),
-              2: HostAgent(_local_host(tmp_path, "c"), LocalTransport("c"), Timeouts(command=20))}
-    problems = preflight(inv, agents, manifest_bytes=1 << 60)
-    found = {(p.host, p.check, p.status) for p in problems}
-    assert found == {("a", "port", "fail"), ("b", "python", "fail"), ("a", "disk", "fail"), ("c", "disk", "fail")}
+def test_preflight_names_each_problem_and_its_host(tmp_path):
+    inv = parse_inventory("version: 1\nhosts: [{name: a, host: x}, {name: b, host: y}, {name: c, host: z}]\n"
+                          "master: {port: 29500}\n", str(tmp_path / "inv.yaml"))
+    taken = {"free": False, "port": 29500, "error": "Address already in use (EADDRINUSE)"}
+    facts = {0: {"python": "3.11.2", "executable": "/usr/bin/python3", "port": taken},
+             1: {"python": "3.10.12", "executable": "/opt/py/bin/python"},
+             2: {"python": "3.11.9", "executable": "/usr/bin/python3"}}
+    problems = preflight(inv, facts)
+    assert {(p.host, p.check, p.status) for p in problems} == {("a", "port", "fail"), ("b", "python", "fail")}
     error = preflight_error(problems)
-    assert isinstance(error, HostsFailed) and sorted(error.failures) == ["a", "b", "c"]
-    assert f"master port {busy_port} is in use on a" in str(error) and "nothing was started" in str(error)
-    assert preflight(inv, {2: agents[2]}, manifest_bytes=10) == []
-    assert preflight_error([]) is None
+    assert isinstance(error, HostsFailed) and sorted(error.failures) == ["a", "b"]
+    assert "master port 29500 is in use on a" in str(error) and "nothing was started" in str(error)
+    assert "3.10" in str(error.failures["b"])
+    ok = {n: {**f, "python": "3.11.2"} for n, f in facts.items()}
+    ok[0] = {**ok[0], "port": {"free": True, "port": 29500}}
+    assert preflight(inv, ok) == [] and preflight_error([]) is None
 
 
 FAKE_TORCH = {

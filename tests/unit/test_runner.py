@@ -63,6 +63,7 @@ class FakeHost:
 class FakeHeld:
     def __init__(self, host, result, port):
         self.h, self.result, self.port = host, result, port
+        self.facts = {"python": "3.11.2", "executable": "/usr/bin/python3"}
 
     def start(self, spec):
         self.h.world.calls.append(("start-begin", self.h.name))
@@ -79,7 +80,7 @@ class FakeAgent:
     def __init__(self, host):
         self.h = host
 
-    def push(self, run_id, manifest, progress=lambda n: None, want_port=False):
+    def push(self, run_id, manifest, progress=lambda n: None, want_port=False, check_port=None, master_addr=""):
         self.h.world.calls.append(("push", self.h.name))
         progress(manifest.total_bytes)
         return FakeHeld(self.h, SyncResult(manifest.total_bytes, 1, len(manifest.files), 0.0),
@@ -123,7 +124,7 @@ class World:
         return FakeAgent(self.hosts[host.name])
 
     def runner(self, **kw):
-        kw.setdefault("checks", lambda inv, agents, push_bytes: [])
+        kw.setdefault("checks", lambda inv, facts: [])
         return Runner(self.inv, "20261130-000000-abcd", store=self.store, connect=self.connect,
                       secrets=kw.pop("secrets", {}), emit=self.events.append, **kw)
 
@@ -328,7 +329,7 @@ def test_a_failed_preflight_check_starts_nothing_and_names_the_host(tmp_path):
     problems = [CheckProblem("b", 1, "python", "fail", "Python 3.8 here, 3.11 on a, c", "install the same Python"),
                 CheckProblem("c", 2, "disk", "warn", "900 MB free", "")]
     with pytest.raises(HostsFailed) as info:
-        w.runner(checks=lambda inv, agents, push_bytes: problems).run()
+        w.runner(checks=lambda inv, facts: problems).run()
     assert list(info.value.failures) == ["b"] and "Python 3.8 here" in str(info.value)
     assert not any(c[0].startswith("start") for c in w.calls)
     assert sorted(c for c in w.calls if c[0] == "abandon") == [("abandon", "a"), ("abandon", "b"), ("abandon", "c")]

@@ -29,8 +29,8 @@ def write_json_atomic(path, obj, exclusive=False):
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+        # no fsync: the rename is atomic for every reader and survives this process being killed, which is
+        # what the state files are for; an fsync per record cost milliseconds on the start's critical path
     if exclusive:
         try:
             os.link(tmp, path)  # fails if another writer got there first

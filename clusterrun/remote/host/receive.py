@@ -4,12 +4,32 @@ against their SHA-256, and the run's job folder is built from hard links to them
 import errno
 import hashlib
 import os
+import platform
 import shutil
+import socket
 import sys
 
 from .common import CHUNK, Fail, free_port, read_msg, send_msg
 from .supervise import start_run
 
+
+
+def host_facts(port, master_addr):
+    """What launch's preflight needs to know, found while the push goes on (no extra round trip)."""
+    facts = {"python": platform.python_version(), "executable": sys.executable}
+    if port:  # rank 0's fixed master port must be free, bound the way torch's store binds it
+        family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("::" if family == socket.AF_INET6 else "", port))
+            facts["port"] = {"free": True, "port": port}
+        except OSError as exc:
+            facts["port"] = {"free": False, "port": port, "error": "%s (%s)" % (
+                os.strerror(exc.errno) if exc.errno else exc, errno.errorcode.get(exc.errno, "?"))}
+        finally:
+            sock.close()
+    return facts
 
 
 def safe_rel(path):
@@ -52,7 +72,8 @@ def cmd_sync(workdir, run_dir):
     except FileExistsError:
         send_msg({"missing": [], "error": "run folder already exists", "kind": "exists", "path": run_dir})
         return 1
-    send_msg({"missing": [sha for sha, _, _ in missing], "port": free_port() if manifest.get("free_port") else None})
+    send_msg({"missing": [sha for sha, _, _ in missing], "port": free_port() if manifest.get("free_port") else None,
+              "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""))})
     received = 0  # bytes of objects read from the controller so far
     current = ""
     created = []  # objects this push added to the cache: removed again if the push fails
