@@ -9,7 +9,6 @@ import sys
 from typing import Optional, Sequence
 
 import click
-from rich.table import Table
 from rich.text import Text
 
 from . import __version__
@@ -101,6 +100,8 @@ def launch(inventory: str, script: Optional[str], dry_run: bool, detach: bool, a
 
 def _dry_run(inv: Inventory, run_id: str, as_json: bool) -> None:
     from .plan import MASK, build_plan, plan_to_dict, render_rank_command
+
+    from rich.table import Table
 
     plan = build_plan(inv, run_id)
     if as_json:

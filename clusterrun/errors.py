@@ -158,8 +158,9 @@ class HostsFailed(ClusterrunError):
 
     def __str__(self) -> str:
         n = len(self.failures)
-        lines = [f"{self.phase} failed on {n} host{'s' if n != 1 else ''}; nothing was started:" if self.phase in
-                 ("connect", "preflight", "push", "prepare") else f"{self.phase} failed on {n} host{'s' if n != 1 else ''}:"]
+        hosts = f"{n} host{'s' if n != 1 else ''}"
+        before_start = self.phase not in ("start", "stop")  # nothing runs yet: say so
+        lines = [f"{self.phase} failed on {hosts}" + ("; nothing was started:" if before_start else ":")]
         for err in self.failures.values():
             lines.extend("  " + line for line in str(err).splitlines())
         return "\n".join(lines)

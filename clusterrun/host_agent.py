@@ -21,6 +21,7 @@ from .transport import Stream, StreamClosed, Transport, read_exact
 
 FRAME = struct.Struct(">cIQI")
 MSG_LEN = struct.Struct(">I")
+BATCH = 1 << 20
 
 
 class AgentMissing(Exception):
@@ -53,17 +54,23 @@ class FollowStream:
         self._stream = stream
         self._label = label
         self._buf = bytearray()
+        self._pos = 0  # frames are parsed from here; the consumed front is dropped only now and then
 
     def next(self, timeout: float) -> Frame:
         """The next frame; TimeoutError if none within timeout; StreamClosed at the end of the stream."""
         deadline = time.monotonic() + timeout
         while True:
-            if len(self._buf) >= FRAME.size:
-                kind, rank, offset, length = FRAME.unpack_from(self._buf)
-                end = FRAME.size + length
-                if len(self._buf) >= end:
-                    payload = bytes(self._buf[FRAME.size:end])
-                    del self._buf[:end]
+            if len(self._buf) - self._pos >= FRAME.size:
+                kind, rank, offset, length = FRAME.unpack_from(self._buf, self._pos)
+                start = self._pos + FRAME.size
+                if len(self._buf) >= start + length:
+                    payload = bytes(self._buf[start:start + length])
+                    self._pos = start + length
+                    if self._pos > (1 << 20):
+                        del self._buf[:self._pos]
+                        self._pos = 0
+                    if kind not in b"LXHE":
+                        raise StreamClosed(f"garbled log stream from {self._label} (a login shell printing text?)")
                     return Frame(kind.decode(), rank, offset, payload)
             left = deadline - time.monotonic()
             if left <= 0:
@@ -71,7 +78,7 @@ class FollowStream:
             chunk = self._stream.read(1 << 18, left)
             if not chunk:
                 code = _exit_code(self._stream)
-                if code == EXIT_AGENT_MISSING and not self._buf:
+                if code == EXIT_AGENT_MISSING and len(self._buf) == self._pos:
                     raise AgentMissing()
                 tail = self._stream.stderr().decode("utf-8", "replace")
                 raise StreamClosed(f"log stream ended (exit {code}){': ' + tail[-500:] if tail else ''}")
@@ -234,12 +241,25 @@ class HostAgent:
                 raise PushError(self.label, answer["error"], path=answer.get("path", ""),
                                 hint=_push_hint(answer.get("kind", "")))
             sent = 0
+            batch = bytearray()  # small files travel together: one write (and few packets) per MiB
             try:
                 for entry in objects_to_send(manifest, answer["missing"]):
                     for chunk in read_chunks(entry.source, entry.size):
-                        stream.write(chunk, timeout)
-                        sent += len(chunk)
-                        progress(len(chunk))
+                        if not batch and len(chunk) >= BATCH:  # a big file's chunk goes as it is
+                            stream.write(chunk, timeout)
+                            sent += len(chunk)
+                            progress(len(chunk))
+                            continue
+                        batch += chunk
+                        if len(batch) >= BATCH:
+                            stream.write(batch, timeout)
+                            sent += len(batch)
+                            progress(len(batch))
+                            batch = bytearray()
+                if batch:
+                    stream.write(batch, timeout)
+                    sent += len(batch)
+                    progress(len(batch))
             except StreamClosed:
                 pass  # the host stopped reading: its answer says why
             result = read_msg(stream, timeout)

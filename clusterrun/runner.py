@@ -15,7 +15,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict
 from typing import Callable, Dict, List, Mapping, Optional
 
-from .errors import (EXIT_INTERRUPTED, EXIT_OK, HostError, HostsFailed,
+from .errors import (EXIT_INTERRUPTED, EXIT_OK, ClusterrunError, ConnectError, HostError, HostsFailed,
                      RemoteCommandError)
 from .events import HostDone, HostProgress, Notice, Phase, RunOutcome
 from .host_agent import HeldPush, HostAgent
@@ -95,15 +95,14 @@ class Runner:
 
     def run(self) -> RunOutcome:
         plan = build_plan(self.inv, self.run_id)
-        manifest = build_manifest(self.inv.job, self._hash_cache)  # bad files fail before any connection
         self.store.create(self.run_id, self.inv.path, inventory_snapshot(self.inv), plan_to_dict(plan),
                           controller_identity(), [{"node_rank": n.node_rank, "name": n.host.name} for n in plan.nodes],
                           [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks])
+        background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
         try:
-            self._phase("connect", lambda: self._fan_out("connect", plan.nodes, self._connect_node))
+            # what to push is worked out while the connections are being made
+            self._prepare(plan, background.submit(build_manifest, self.inv.job, self._hash_cache))
             auto_port = plan.master_port is None
-            self._phase("push", lambda: self._fan_out("push", plan.nodes,
-                                                      lambda n: self._push(n, manifest, plan)))
             # the cheap checks of `clusterrun check`, on what every host reported while receiving the job
             with self._agents_lock:
                 facts = {n: held.facts for n, held in self._held.items()}
@@ -135,11 +134,12 @@ class Runner:
         except Interrupted:
             self._undo(plan, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
             return self._finish("interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)")
-        except HostsFailed as exc:
+        except ClusterrunError as exc:  # hosts failed, or a bad job file found while connecting
             self._undo(plan, grace=0.0)
             self._finish("failed", exc.exit_code, str(exc))
             raise
         finally:
+            background.shutdown(wait=False)
             self._closing = True
             self._abandon_held()
             with self._agents_lock:
@@ -164,10 +164,38 @@ class Runner:
         self._phases.append((name, time.monotonic() - t))
         self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
 
+    def _prepare(self, plan: LaunchPlan, manifest: "Future[Manifest]") -> None:
+        """Connect to every host and push to each as soon as it is connected: no barrier between the two,
+        so a slow host delays only itself. Phases: connect (until the last host is connected), push."""
+        t0 = time.monotonic()
+        connected: List[float] = []
+        self._emit(Phase("connect"))
+
+        def prepare(node: NodePlan) -> None:
+            self._connect_node(node)
+            connected.append(time.monotonic())
+            self._push(node, manifest.result(), plan)
+
+        def watch() -> None:
+            if manifest.done() and manifest.exception() is not None:
+                raise manifest.exception()
+            if len(connected) == len(plan.nodes) and len(self._phases) == 0:
+                self._phases.append(("connect", max(connected) - t0))
+                self._emit(Phase("push"))
+
+        try:
+            self._fan_out("prepare", plan.nodes, prepare, watch=watch)
+        except HostsFailed as exc:
+            kinds = {"connect" if isinstance(e, ConnectError) else "push" for e in exc.failures.values()}
+            raise HostsFailed(" and ".join(sorted(kinds, reverse=False)), exc.failures) from None
+        watch()
+        self._phases.append(("push", time.monotonic() - t0 - self._phases[0][1]))
+        self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
+
     # -------------------------------------------------------------- fan-out
 
     def _fan_out(self, phase: str, nodes, fn: Callable[[NodePlan], object],
-                 interruptible: bool = True) -> Dict[int, object]:
+                 interruptible: bool = True, watch: Callable[[], None] = lambda: None) -> Dict[int, object]:
         """Run fn on every node in parallel; drain events meanwhile; raise one error naming every failure.
 
         Not interruptible: let calls in flight finish (a start that completes after we gave up on it would
@@ -181,6 +209,7 @@ class Runner:
             while pending:
                 done, pending = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
                 self._drain()
+                watch()
                 if self._interrupts and interruptible:
                     raise Interrupted(phase)
                 for fut in done:

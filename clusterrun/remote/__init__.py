@@ -13,8 +13,8 @@ _MAIN = b"import sys\nfrom clusterrun_host.main import main\nsys.exit(main(sys.a
 
 
 def _build_zip() -> bytes:
-    """The package as a zip Python can run (`python agent.pyz`); fixed timestamps keep its bytes, and so
-    its id, the same wherever it is built from the same sources."""
+    """The package as one zip with a __main__.py (it travels in one write and is unpacked on the host);
+    fixed timestamps keep its bytes, and so its id, the same wherever it is built from the same sources."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
         entries = [("__main__.py", _MAIN)]
@@ -37,18 +37,21 @@ AGENT_ID = hashlib.sha256(SOURCE).hexdigest()[:16]
 EXIT_AGENT_MISSING = 97
 
 # One line each (csh and fish also run them): find the program under the workdir and run it, or exit
-# 97 so the controller installs it; the installer checks the content id before renaming it into place.
+# 97 so the controller installs it. The installer checks the content id, then unpacks the zip into a
+# folder of its own (renamed into place), so the host's Python caches its bytecode from the second run on.
 BOOTSTRAP = (
     "import os,sys,runpy;w=os.path.expanduser(sys.argv[1]);"
-    "a=os.path.join(w,'bin','agent-'+sys.argv[2]+'.pyz');"
-    "os.path.isfile(a) or sys.exit(97);"
+    "a=os.path.join(w,'bin','agent-'+sys.argv[2]);"
+    "os.path.isfile(os.path.join(a,'__main__.py')) or sys.exit(97);"
     "sys.argv=[a,sys.argv[1]]+sys.argv[3:];"
     "runpy.run_path(a,run_name='__main__')"
 )
 INSTALLER = (
-    "import os,sys,hashlib;os.umask(0o077);w=os.path.expanduser(sys.argv[1]);d=os.path.join(w,'bin');"
-    "os.makedirs(d,0o700,exist_ok=True);b=sys.stdin.buffer.read();"
+    "import os,sys,io,shutil,hashlib,zipfile;os.umask(0o077);w=os.path.expanduser(sys.argv[1]);"
+    "d=os.path.join(w,'bin');os.makedirs(d,0o700,exist_ok=True);b=sys.stdin.buffer.read();"
     "hashlib.sha256(b).hexdigest()[:16]==sys.argv[2] or sys.exit(98);"
-    "t=os.path.join(d,'.agent-%d.tmp'%os.getpid());f=open(t,'wb');f.write(b);f.close();"
-    "os.replace(t,os.path.join(d,'agent-'+sys.argv[2]+'.pyz'))"
+    "t=os.path.join(d,'.agent-%d.tmp'%os.getpid());zipfile.ZipFile(io.BytesIO(b)).extractall(t);"
+    "f=os.path.join(d,'agent-'+sys.argv[2]);"
+    # another controller may have installed the same version a moment ago: keep its copy
+    "exec('try:\\n os.replace(t,f)\\nexcept OSError:\\n shutil.rmtree(t)')"
 )

@@ -104,9 +104,16 @@ class SshStream:
         self._ch = channel
 
     def write(self, data: bytes, timeout: Optional[float] = None) -> None:
+        # Channel.sendall slices what is left of its argument after every packet (32 KiB), copying the rest
+        # each time: quadratic in the size of a write. Packets cut from a memoryview copy nothing.
+        view = memoryview(data)
         try:
             self._ch.settimeout(timeout)
-            self._ch.sendall(data)
+            while view:
+                sent = self._ch.send(view[:1 << 20])
+                if sent == 0:
+                    raise StreamClosed("the channel closed")
+                view = view[sent:]
         except socket.timeout:
             raise TimeoutError from None
         except (OSError, EOFError, paramiko.SSHException) as exc:

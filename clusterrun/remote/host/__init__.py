@@ -1,6 +1,7 @@
-"""clusterrun's host program: stdlib only, shipped to each host as one zip and run with the host's Python.
+"""clusterrun's host program: stdlib only, shipped to each host as one zip, unpacked
+under WORKDIR/bin/agent-<id>/ and run with the host's Python.
 
-Usage (by the controller, never by hand): python agent-<id>.pyz WORKDIR COMMAND [ARGS...]
+Usage (by the controller, never by hand): python WORKDIR/bin/agent-<id>/ WORKDIR COMMAND [ARGS...]
 
   sync RUN_DIR          receive the job by content hash into RUN_DIR/job (framed stdin/stdout); when
                         asked, hold the channel and start the run on a later message

@@ -77,40 +77,53 @@ def cmd_sync(workdir, run_dir):
     received = 0  # bytes of objects read from the controller so far
     current = ""
     created = []  # objects this push added to the cache: removed again if the push fails
+    made = set()  # folders known to exist: a makedirs per file was most of a small-file push's time
+
+    def folder(path):
+        if path not in made:
+            os.makedirs(path, 0o700, exist_ok=True)
+            made.add(path)
+
     try:
         for sha, size, exe in missing:
             final = object_path(cache, sha, exe)
             current = final
-            os.makedirs(os.path.dirname(final), 0o700, exist_ok=True)
+            folder(os.path.dirname(final))
             tmp = "%s.tmp-%d" % (final, os.getpid())
             digest = hashlib.sha256()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o555 if exe else 0o444)
             try:
-                with open(tmp, "wb") as out:
-                    left = size
-                    while left:
-                        chunk = stdin.read(min(left, CHUNK))
-                        if not chunk:
-                            raise Fail("the controller went away during the push", "aborted")
-                        received += len(chunk)
-                        digest.update(chunk)
-                        out.write(chunk)
-                        left -= len(chunk)
+                left = size
+                while left:
+                    chunk = stdin.read(min(left, CHUNK))
+                    if not chunk:
+                        raise Fail("the controller went away during the push", "aborted")
+                    received += len(chunk)
+                    digest.update(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    left -= len(chunk)
+                os.close(fd)
+                fd = -1
                 if digest.hexdigest() != sha:
                     raise Fail("content of %s arrived corrupted" % sha, "corrupt")
-                os.chmod(tmp, 0o555 if exe else 0o444)
                 os.replace(tmp, final)
                 created.append(final)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            except BaseException:
+                if fd >= 0:
+                    os.close(fd)
+                os.unlink(tmp)
+                raise
         job = os.path.join(run_dir, "job")
         os.mkdir(job, 0o700)
+        made.add(job)
         for rel in manifest.get("dirs", []):
-            os.makedirs(os.path.join(job, safe_rel(rel)), 0o700, exist_ok=True)
+            folder(os.path.join(job, safe_rel(rel)))
         for rel, sha, _, exe in files:
             dest = os.path.join(job, safe_rel(rel))
             current = dest
-            os.makedirs(os.path.dirname(dest), 0o700, exist_ok=True)
+            folder(os.path.dirname(dest))
             src = object_path(cache, sha, exe)
             try:
                 os.link(src, dest)

@@ -1,0 +1,1 @@
+"""Push benchmark rank: nothing to do; the push is what is measured."""

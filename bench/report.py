@@ -1,0 +1,225 @@
+"""From results.json: medians, ratios, targets (pass/miss), the markdown tables and the plot.
+
+    python -m bench.report bench/results/<stamp> [--docs]   # re-render; --docs also writes docs/bench.md
+
+Times are seconds; every figure is the median over the repetitions (interleaved: A B C, B C A, ...),
+with min-max in results.json. Ratios are paired: the median over repetitions of the ratio within one
+repetition (see PAIRS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from . import tables
+from .measure import median, percentile
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# Ratios are paired: within one repetition the methods ran back to back (interleaved), so their
+# ratio cancels the machine's drift (other work on this shared machine moves times by 2x between
+# minutes); the figure is the median over repetitions of those per-repetition ratios.
+PAIRS = {  # section: (name, numerator method, denominator method, metric)
+    "launch": [("clusterrun/floor", "clusterrun", "floor", "time"),
+               ("ssh-serial/clusterrun", "ssh-serial", "clusterrun", "time"),
+               ("clusterrun/pdsh", "clusterrun", "pdsh", "time")],
+    "push": [("sftp/clusterrun", "sftp", "clusterrun", "time"),
+             ("fastest/clusterrun", "fastest", "clusterrun", "time"),
+             ("unchanged/floor", "clusterrun-unchanged", "floor", "time")],
+    "logs": [("clusterrun/ssh", "clusterrun", "ssh", "lines_per_s")],
+    "training": [("clusterrun/by-hand", "clusterrun", "by-hand", "samples_per_s")],
+}
+FASTEST_OF = ("scp", "rsync", "sftp")
+
+
+def paired(samples: List[dict]) -> List[dict]:
+    """Per repetition, the ratios of PAIRS, as samples of method "ratio"."""
+    by = defaultdict(dict)
+    for s in samples:
+        by[(s["section"], s["hosts"], s["rep"])][(s["method"], s["metric"])] = s["value"]
+    out = []
+    for (sec, h, rep), v in sorted(by.items()):
+        fastest = [v[(m, "time")] for m in FASTEST_OF if (m, "time") in v]
+        if sec == "push" and len(fastest) == len(FASTEST_OF):
+            v[("fastest", "time")] = min(fastest)
+        for name, num, den, metric in PAIRS.get(sec, ()):
+            if (num, metric) in v and v.get((den, metric)):
+                out.append({"section": sec, "hosts": h, "method": "ratio", "metric": name, "rep": rep,
+                            "unit": "x", "value": v[(num, metric)] / v[(den, metric)]})
+    return out
+
+
+def summarize(samples: List[dict]) -> Dict:
+    """section → hosts → method → metric → {median, min, max, n, unit} (delay: pooled p50/p95)."""
+    samples = list(samples) + paired(samples)
+    groups: Dict = defaultdict(list)
+    units = {}
+    for s in samples:
+        key = (s["section"], s["hosts"], s["method"], s["metric"])
+        groups[key].append(s["value"])
+        units[key] = s["unit"]
+    out: Dict = {}
+    for (sec, h, m, metric), values in groups.items():
+        cell = {"median": median(values), "min": min(values), "max": max(values), "n": len(values),
+                "unit": units[(sec, h, m, metric)]}
+        if metric == "delay":
+            cell.update(p50=percentile(values, 50), p95=percentile(values, 95))
+        out.setdefault(sec, {}).setdefault(str(h), {}).setdefault(m, {})[metric] = cell
+    return out
+
+
+def get(summary: Dict, sec: str, hosts, method: str, metric: str, stat: str = "median") -> Optional[float]:
+    try:
+        return summary[sec][str(hosts)][method][metric][stat]
+    except KeyError:
+        return None
+
+
+def evaluate(summary: Dict) -> List[dict]:
+    """Every target of issue 8 at every size measured: value, target, pass (None: not measured)."""
+    rows = []
+
+    def add(target: str, hosts, value: Optional[float], ok: Optional[bool], show: str) -> None:
+        rows.append({"target": target, "hosts": int(hosts), "value": value, "pass": ok, "shown": show})
+
+    for h in sorted(summary.get("launch", {}), key=int):
+        pr = lambda name: get(summary, "launch", h, "ratio", name)  # noqa: E731
+        r = pr("clusterrun/floor")
+        add("launch ≤ 1.3× the floor", h, r, None if r is None else r <= 1.3, tables.times(r))
+        r = pr("ssh-serial/clusterrun")
+        add("launch ≥ 5× faster than the serial ssh loop" + (" (target at 16 hosts)" if int(h) < 16 else ""),
+            h, r, None if r is None else (r >= 5 if int(h) >= 16 else None), tables.times(r))
+        r = pr("clusterrun/pdsh")
+        add("launch not slower than pdsh", h, r, None if r is None else r <= 1.0, tables.times(r) + " of pdsh")
+    for h in sorted(summary.get("push", {}), key=int):
+        pr = lambda name: get(summary, "push", h, "ratio", name)  # noqa: E731
+        r = pr("sftp/clusterrun")
+        add("first push ≥ 2× default SFTP", h, r, None if r is None else r >= 2, tables.times(r))
+        r = pr("fastest/clusterrun")
+        add("first push ≥ 80% of the fastest baseline", h, r, None if r is None else r >= 0.8,
+            "" if r is None else f"{100 * r:.0f}%")
+        b = get(summary, "push", h, "clusterrun-unchanged", "wire_bytes", "max")
+        b = None if b is None else b / int(h)
+        add("unchanged push sends < 1 MB (per host, on the wire, the whole launch)", h, b,
+            None if b is None else b < 1e6, "" if b is None else f"{b / 1e3:.0f} kB per host")
+        r = pr("unchanged/floor")
+        add("unchanged push ≤ 1.2× the launch floor", h, r, None if r is None else r <= 1.2, tables.times(r))
+    for h in sorted(summary.get("logs", {}), key=int):
+        v = get(summary, "logs", h, "clusterrun", "lines_per_s")
+        add("logs ≥ 100k lines/s aggregate", h, v, None if v is None else v >= 1e5,
+            "" if v is None else f"{v / 1e3:.0f}k/s")
+        lost = get(summary, "logs", h, "clusterrun", "lost", "max")
+        dmg = get(summary, "logs", h, "clusterrun", "damaged", "max")
+        dup = get(summary, "logs", h, "clusterrun", "duplicated", "max")
+        if lost is not None:
+            bad = lost + (dmg or 0) + (dup or 0)
+            add("logs: no line lost, duplicated or damaged", h, bad, bad == 0,
+                f"{lost:.0f} lost, {dup or 0:.0f} dup, {dmg or 0:.0f} damaged")
+        p50 = get(summary, "logs", h, "clusterrun", "delay", "p50")
+        add("log delay p50 < 100 ms", h, p50, None if p50 is None else p50 < 0.1,
+            "" if p50 is None else f"{p50 * 1e3:.0f} ms")
+    for h in sorted(summary.get("teardown", {}), key=int):
+        for m, what in (("crash", "first failure"), ("stop", "`clusterrun stop`")):
+            t = get(summary, "teardown", h, m, "time")
+            g = get(summary, "teardown", h, m, "grace_used") or 0.0
+            add(f"teardown from {what} ≤ 1 s + grace used", h, t, None if t is None else t <= 1.0 + g,
+                "" if t is None else f"{t:.2f} s (grace used {g:.2f} s)")
+            left = get(summary, "teardown", h, m, "left_processes", "max")
+            if left is not None:
+                add(f"teardown ({m}): no process left", h, left, left == 0, f"{left:.0f}")
+    for h in sorted(summary.get("training", {}), key=int):
+        # paired: each repetition's clusterrun run against the by-hand run next to it (cancels the
+        # machine's drift, which on this shared machine moves samples/s by 2x between minutes)
+        r = get(summary, "training", h, "ratio", "clusterrun/by-hand")
+        add("training ≥ 98% of by hand", h, r, None if r is None else r >= 0.98,
+            "" if r is None else f"{100 * r:.1f}%")
+    return rows
+
+
+def plot(summary: Dict, path: Path) -> bool:
+    """Launch and push time versus hosts, clusterrun and the baselines (median, min-max bars)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("launch", "Launch: command → all ranks running",
+               [("clusterrun", "clusterrun"), ("floor", "floor (paramiko connect + true)"),
+                ("ssh-serial", "serial ssh loop"), ("pdsh", "pdsh")]),
+              ("push", "Push: 100 MB + 1,000 files to every host",
+               [("clusterrun", "clusterrun (first push)"), ("clusterrun-unchanged", "clusterrun (unchanged)"),
+                ("scp", "scp -r"), ("rsync", "rsync -a"), ("sftp", "paramiko SFTP"), ("floor", "floor")])]
+    panels = [p for p in panels if summary.get(p[0])]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.4), squeeze=False)
+    for ax, (sec, title, methods) in zip(axes[0], panels):
+        hosts = sorted(summary[sec], key=int)
+        for method, label in methods:
+            xs, ys, lo, hi = [], [], [], []
+            for h in hosts:
+                cell = summary[sec][h].get(method, {}).get("time")
+                if cell:
+                    xs.append(int(h))
+                    ys.append(cell["median"])
+                    lo.append(cell["median"] - cell["min"])
+                    hi.append(cell["max"] - cell["median"])
+            if xs:
+                style = dict(lw=2.5, zorder=3) if method == "clusterrun" else dict(lw=1.3)
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=label, **style)
+        ax.set_title(title, fontsize=11)
+        ax.set_xlabel("hosts")
+        ax.set_ylabel("seconds (median, min–max)")
+        ax.set_xticks([int(h) for h in hosts])
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+DOCS_HEAD = """<!-- Generated by `python -m bench.report {results} --docs` from a benchmark run: edit bench/. -->
+# Benchmarks
+
+How to reproduce: [bench/README.md](../bench/README.md). The plot: launch and push time versus hosts.
+
+![launch and push time versus hosts](bench.png)
+
+"""
+
+
+def render(results_dir: Path, docs: bool = False) -> None:
+    data = json.loads((results_dir / "results.json").read_text())
+    data["summary"] = summarize(data["samples"])
+    data["targets"] = evaluate(data["summary"])
+    (results_dir / "results.json").write_text(json.dumps(data, indent=1))
+    md = tables.markdown(data)
+    (results_dir / "results.md").write_text(md)
+    has_plot = plot(data["summary"], results_dir / "plot.png")
+    if docs:
+        (REPO / "docs").mkdir(exist_ok=True)
+        body = md.split("\n", 1)[1]  # the title line is replaced by the docs header
+        rel = results_dir.relative_to(REPO) if results_dir.is_relative_to(REPO) else results_dir
+        (REPO / "docs" / "bench.md").write_text(DOCS_HEAD.format(results=rel) + body.lstrip("\n"))
+        if has_plot:
+            shutil.copy(results_dir / "plot.png", REPO / "docs" / "bench.png")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="Re-render a benchmark run's tables, targets and plot.")
+    p.add_argument("results", type=Path, help="bench/results/<stamp>")
+    p.add_argument("--docs", action="store_true", help="also write docs/bench.md and docs/bench.png")
+    a = p.parse_args(argv)
+    render(a.results.resolve(), docs=a.docs)
+    print((a.results / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

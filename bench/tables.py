@@ -1,0 +1,190 @@
+"""The markdown of a benchmark run: one table per section, how costs scale, the targets, notes, profiles."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+DASH = "–"
+
+
+class View:
+    """Read access to report.summarize()'s nested dict: view(section, hosts, method, metric, stat)."""
+
+    def __init__(self, summary: Dict):
+        self.summary = summary
+
+    def hosts(self, sec: str) -> List[str]:
+        return sorted(self.summary.get(sec, {}), key=int)
+
+    def __call__(self, sec: str, h, method: str, metric: str, stat: str = "median") -> Optional[float]:
+        try:
+            return self.summary[sec][str(h)][method][metric][stat]
+        except KeyError:
+            return None
+
+    def ratio(self, sec: str, h, name: str, stat: str = "median") -> Optional[float]:
+        return self(sec, h, "ratio", name, stat)
+
+
+def num(v: Optional[float], digits: int = 2, scale: float = 1.0, suffix: str = "") -> str:
+    return DASH if v is None else f"{v * scale:.{digits}f}{suffix}"
+
+
+def times(v: Optional[float]) -> str:
+    return num(v, 2, suffix="×")
+
+
+def pct(v: Optional[float], digits: int = 0) -> str:
+    return num(v, digits, 100, "%")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)] + \
+        ["| " + " | ".join(str(c) for c in row) + " |" for row in rows] + [""]
+
+
+def launch(v: View) -> List[str]:
+    rows = []
+    for h in v.hosts("launch"):
+        t = lambda m: num(v("launch", h, m, "time"))  # noqa: E731
+        phases = " / ".join(num(v("launch", h, "clusterrun", f"phase_{p}")) for p in ("connect", "push", "start"))
+        rows.append([h, t("clusterrun"), t("floor"), num(v("launch", h, "floor", "inner")), t("ssh-serial"), t("pdsh"),
+                     times(v.ratio("launch", h, "clusterrun/floor")),
+                     times(v.ratio("launch", h, "ssh-serial/clusterrun")),
+                     times(v.ratio("launch", h, "clusterrun/pdsh")), phases])
+    return ["## Launch: command → every rank running", ""] + table(
+        ["hosts", "clusterrun", "floor (paramiko threads: connect + `true`)", "floor in-process", "serial ssh loop",
+         "pdsh", "clusterrun ÷ floor", "serial ÷ clusterrun", "clusterrun ÷ pdsh",
+         "clusterrun phases connect / push / start"], rows)
+
+
+def push(v: View, meta: dict) -> List[str]:
+    size = meta.get("push", {"mb": 100, "files": 1000})
+    rows, detail = [], []
+    for h in v.hosts("push"):
+        t = lambda m: num(v("push", h, m, "time"))  # noqa: E731
+        rows.append([h, t("clusterrun"), num(v("push", h, "clusterrun", "phase_push")), t("scp"), t("rsync"), t("sftp"),
+                     times(v.ratio("push", h, "sftp/clusterrun")), pct(v.ratio("push", h, "fastest/clusterrun")),
+                     t("clusterrun-unchanged"), times(v.ratio("push", h, "unchanged/floor")), t("floor")])
+        payload = v("push", h, "clusterrun", "payload_bytes")
+        for m in ("clusterrun", "clusterrun-unchanged", "scp", "rsync", "sftp"):
+            secs = v("push", h, m, "time")
+            if secs is None:
+                continue
+            rate = DASH if m.endswith("unchanged") or not payload else f"{payload / secs / 1e6:.0f}"
+            detail.append([h, m, rate, num(v("push", h, m, "wire_bytes"), 1, 1e-6), num(v("push", h, m, "cpu")),
+                           num(v("push", h, m, "hosts_cpu")), num(v("push", h, m, "payload_bytes"), 3, 1e-6, " MB")])
+    return [f"## Push: {size['mb']} MB + {size['files']:,} files to every host", "",
+            "Wall time of the whole command, connections included; clusterrun's is a whole `launch --detach` of a "
+            "job that does nothing (its push phase alone beside it).", ""] + table(
+        ["hosts", "clusterrun first", "(push phase)", "scp", "rsync", "paramiko SFTP", "sftp ÷ clusterrun",
+         "clusterrun speed vs fastest baseline", "clusterrun unchanged", "unchanged ÷ floor", "floor"], rows) + [
+        "Controller CPU: the command and its children. Hosts CPU: every process in the hosts' containers "
+        "(sshd, receivers, the job), which on this machine share the controller's 2 cores.", ""] + table(
+        ["hosts", "method", "MB/s (payload, all hosts)", "wire MB sent", "controller CPU s", "hosts CPU s",
+         "payload sent (clusterrun's record)"], detail)
+
+
+def logs(v: View) -> List[str]:
+    rows = []
+    for h in v.hosts("logs"):
+        rate = lambda m: f"{num(v('logs', h, m, 'lines_per_s'), 0, 1e-3, 'k')} " \
+                         f"({num(v('logs', h, m, 'lines_per_s_e2e'), 0, 1e-3, 'k')})"  # noqa: E731
+        delay = lambda m, d: " / ".join(num(v("logs", h, m, "delay", p), d, 1e3) for p in ("p50", "p95"))  # noqa: E731
+        bad = "/".join(num(v("logs", h, "clusterrun", k, "max"), 0) for k in ("lost", "duplicated", "damaged"))
+        cpu = f"{num(v('logs', h, 'clusterrun', 'cpu'), 1)} ({num(v('logs', h, 'clusterrun', 'cpu_per_mline'), 1)})"
+        rows.append([h, rate("clusterrun"), rate("ssh"), times(v.ratio("logs", h, "clusterrun/ssh")), bad, cpu,
+                     num(v("logs", h, "ssh", "cpu"), 1), delay("clusterrun", 0), delay("ssh", 1)])
+    return ["## Logs: every rank printing flat out; one line a second", "",
+            "lines/s: lines received ÷ (last arrival − first arrival); in brackets ÷ (command end − spawn), "
+            "start-up included.", ""] + table(
+        ["hosts", "clusterrun lines/s", "OpenSSH lines/s", "clusterrun ÷ ssh", "lost / dup / damaged",
+         "controller CPU s (per M lines)", "ssh CPU s", "delay p50 / p95 ms (clusterrun)", "delay p50 / p95 ms (ssh)"],
+        rows)
+
+
+def teardown(v: View) -> List[str]:
+    rows = []
+    for h in v.hosts("teardown"):
+        t = lambda m, metric: num(v("teardown", h, m, metric))  # noqa: E731
+        left = max((v("teardown", h, m, "left_processes", "max") or 0) for m in ("crash", "stop"))
+        grace = max((v("teardown", h, m, "grace_used") or 0) for m in ("crash", "stop"))
+        rows.append([h, t("crash", "time"), t("crash", "term_delivered"), t("crash", "controller_exit"),
+                     t("stop", "time"), t("stop", "controller_exit"), num(grace), f"{left:.0f}"])
+    return ["## Teardown: to every rank gone", ""] + table(
+        ["hosts", "crash → ranks gone", "crash → TERM delivered", "crash → controller exit", "stop → ranks gone",
+         "stop command", "grace used", "processes left"], rows)
+
+
+def training(v: View) -> List[str]:
+    rows = []
+    for h in v.hosts("training"):
+        r = [v.ratio("training", h, "clusterrun/by-hand", k) for k in ("median", "min", "max")]
+        paired = DASH if r[0] is None else f"{pct(r[0], 1)} ({pct(r[1])}–{pct(r[2])})"
+        wall = f"{num(v('training', h, 'clusterrun', 'time'), 1)} / {num(v('training', h, 'by-hand', 'time'), 1)}"
+        rows.append([h, num(v("training", h, "clusterrun", "samples_per_s"), 0),
+                     num(v("training", h, "by-hand", "samples_per_s"), 0), paired, wall])
+    return ["## Training: samples/s of the example job", ""] + table(
+        ["hosts", "clusterrun", "by hand (ssh)", "clusterrun ÷ by hand (min–max over repetitions)",
+         "wall s clusterrun / by hand"], rows)
+
+
+SCALING = [("launch", "time", "s", ("clusterrun", "floor", "ssh-serial", "pdsh")),
+           ("push", "time", "s", ("clusterrun", "clusterrun-unchanged", "scp", "rsync", "sftp")),
+           ("push", "cpu", "CPU s", ("clusterrun", "scp", "rsync", "sftp")),
+           ("push", "hosts_cpu", "hosts CPU s", ("clusterrun", "scp", "rsync", "sftp")),
+           ("logs", "cpu", "CPU s", ("clusterrun", "ssh")),
+           ("teardown", "time", "s", ("crash", "stop"))]
+
+
+def _slope(points: List[tuple]) -> Optional[float]:
+    """Least-squares slope of (hosts, value)."""
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    den = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / den if den else None
+
+
+def scaling(v: View) -> List[str]:
+    """How each cost grows with hosts: the medians side by side and the slope per added host."""
+    sizes = sorted({int(h) for sec in v.summary.values() for h in sec})
+    if len(sizes) < 2:
+        return []
+    rows = []
+    for sec, metric, unit, methods in SCALING:
+        for m in methods:
+            vals = {h: v(sec, h, m, metric) for h in sizes}
+            pts = [(h, x) for h, x in vals.items() if x is not None and x == x]  # x == x: not NaN
+            if len(pts) >= 2:
+                rows.append([f"{sec} {metric} ({unit})", m] + [num(vals[h]) for h in sizes] +
+                            [num(_slope(pts), 0, 1e3, " ms")])
+    return ["## Scaling: cost versus hosts", "",
+            "Medians at each size; the last column is the least-squares increase per added host.", ""] + table(
+        ["figure", "method"] + [f"{h} hosts" for h in sizes] + ["per added host"], rows)
+
+
+def markdown(data: dict) -> str:
+    v, meta = View(data["summary"]), data["meta"]
+    out = [f"# clusterrun benchmarks ({meta.get('date', '')})", "",
+           f"Container cluster on one machine ({meta.get('machine', '')}); clusterrun {meta.get('clusterrun', '')}. "
+           f"Medians of {meta.get('reps_text', '')} interleaved repetitions (each repetition runs every method once, "
+           "back to back, in a rotating order); ratios are the median over repetitions of the ratio within a "
+           "repetition, which cancels the drift of this shared machine; times in seconds. "
+           f"Command: `{meta.get('command', '')}`.", ""]
+    for name, part in (("launch", launch), ("push", lambda v: push(v, meta)), ("logs", logs),
+                       ("teardown", teardown), ("training", training)):
+        if v.hosts(name):
+            out += part(v)
+    out += scaling(v)
+    mark = {True: "pass", False: "**miss**", None: DASH}
+    out += ["## Targets", ""] + table(["target", "hosts", "measured", "result"],
+                                      [[t["target"], t["hosts"], t["shown"], mark[t["pass"]]] for t in data["targets"]])
+    if data.get("notes"):
+        out += ["## Notes", ""] + [f"- {n['section']} @ {n['hosts']} hosts: {n['text']}" for n in data["notes"]] + [""]
+    if data.get("profiles"):
+        out += ["## Controller profile", ""]
+        for p in data["profiles"]:
+            out += [f"{p['what']} at {p['hosts']} hosts: functions by share of the samples where Python held the "
+                    f"GIL (py-spy; all of it in `{p['text']}`, wall time by pyinstrument in `{p.get('wall_text')}`)",
+                    ""] + table(["self %", "function"], [[f"{x:.1f}", f"`{k}`"] for k, x in p["self"][:10]])
+    return "\n".join(out) + "\n"
