@@ -15,7 +15,8 @@ from typing import Callable, Dict, Optional
 
 from .errors import HostError
 from .events import LogLines
-from .host_agent import FollowStream, HostAgent
+from .frames import FollowStream
+from .host_agent import HostAgent
 from .logs import LineSplitter, LogCopy
 from .transport import StreamClosed
 

@@ -15,28 +15,13 @@ from typing import Callable, Dict, List, Optional
 
 from .errors import (CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, StartError)
 from .inventory import Host, Timeouts
+from .frames import AgentMissing, FollowStream, Prepended, exit_code_of
 from .remote import AGENT_ID, BOOTSTRAP, EXIT_AGENT_MISSING, INSTALLER, SOURCE
 from .sync import Manifest, objects_to_send, read_chunks
 from .transport import Stream, StreamClosed, Transport, read_exact
 
-FRAME = struct.Struct(">cIQI")
 MSG_LEN = struct.Struct(">I")
 BATCH = 1 << 20
-
-
-class AgentMissing(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class Frame:
-    kind: str  # "L" log bytes, "X" exit record, "H" heartbeat, "E" end
-    rank: int
-    offset: int
-    payload: bytes
-
-    def json(self) -> dict:
-        return json.loads(self.payload.decode())
 
 
 @dataclass(frozen=True)
@@ -45,54 +30,6 @@ class SyncResult:
     objects: int
     files: int
     seconds: float
-
-
-class FollowStream:
-    """Frames from `follow`, parsed from large reads (a frame per log chunk, not per line)."""
-
-    def __init__(self, stream: Stream, label: str):
-        self._stream = stream
-        self._label = label
-        self._buf = bytearray()
-        self._pos = 0  # frames are parsed from here; the consumed front is dropped only now and then
-
-    def next(self, timeout: float) -> Frame:
-        """The next frame; TimeoutError if none within timeout; StreamClosed at the end of the stream."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if len(self._buf) - self._pos >= FRAME.size:
-                kind, rank, offset, length = FRAME.unpack_from(self._buf, self._pos)
-                start = self._pos + FRAME.size
-                if len(self._buf) >= start + length:
-                    payload = bytes(self._buf[start:start + length])
-                    self._pos = start + length
-                    if self._pos > (1 << 20):
-                        del self._buf[:self._pos]
-                        self._pos = 0
-                    if kind not in b"LXHE":
-                        raise StreamClosed(f"garbled log stream from {self._label} (a login shell printing text?)")
-                    return Frame(kind.decode(), rank, offset, payload)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            chunk = self._stream.read(1 << 18, left)
-            if not chunk:
-                code = _exit_code(self._stream)
-                if code == EXIT_AGENT_MISSING and len(self._buf) == self._pos:
-                    raise AgentMissing()
-                tail = self._stream.stderr().decode("utf-8", "replace")
-                raise StreamClosed(f"log stream ended (exit {code}){': ' + tail[-500:] if tail else ''}")
-            self._buf += chunk
-
-    def close(self) -> None:
-        self._stream.close()
-
-
-def _exit_code(stream: Stream) -> Optional[int]:
-    try:
-        return stream.wait(2.0)
-    except TimeoutError:
-        return None
 
 
 class HostAgent:
@@ -194,7 +131,7 @@ class HostAgent:
                 continue
             except TimeoutError:
                 return stream
-            return _Prepended(stream, first)
+            return Prepended(stream, first)
         raise AssertionError("unreachable")
 
     def sync(self, run_id: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None) -> SyncResult:
@@ -234,7 +171,7 @@ class HostAgent:
                 stream.write(MSG_LEN.pack(len(wire)) + wire, timeout)
                 answer = read_msg(stream, timeout)
             except StreamClosed:
-                if _exit_code(stream) == EXIT_AGENT_MISSING:
+                if exit_code_of(stream) == EXIT_AGENT_MISSING:
                     raise AgentMissing() from None
                 raise
             if "error" in answer:
@@ -272,7 +209,7 @@ class HostAgent:
         except TimeoutError:
             raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
         except StreamClosed as exc:
-            code = _exit_code(stream)
+            code = exit_code_of(stream)
             raise self._command_failed(f"push interrupted: {exc}", code, stream.stderr()) if code not in (None, -1) \
                 else ConnectError(self.label, f"connection lost during the push: {exc}") from None
         finally:
@@ -321,20 +258,6 @@ class HeldPush:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
-
-
-class _Prepended(FollowStream):
-    """A follow stream whose first frame was already read (to learn whether the host program exists)."""
-
-    def __init__(self, inner: FollowStream, first: Frame):
-        self.__dict__.update(inner.__dict__)
-        self._first: Optional[Frame] = first
-
-    def next(self, timeout: float) -> Frame:
-        if self._first is not None:
-            frame, self._first = self._first, None
-            return frame
-        return super().next(timeout)
 
 
 def _push_hint(kind: str) -> str:

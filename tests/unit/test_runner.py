@@ -10,7 +10,8 @@ import pytest
 
 from clusterrun.errors import AuthError, ConnectError, HostsFailed
 from clusterrun.events import LogLines, RankEnded
-from clusterrun.host_agent import Frame, SyncResult
+from clusterrun.frames import Frame
+from clusterrun.host_agent import SyncResult
 from clusterrun.inventory import parse_inventory
 from clusterrun.runner import Runner
 from clusterrun.store import RunStore
