@@ -37,10 +37,11 @@ def _int_list(text: str, option: str) -> List[int]:
               help="Rank 0's metrics file, relative to the job folder.")
 @click.option("--fail-fast", is_flag=True, help="Stop at the first failed point.")
 @click.option("--logs", "show_logs", is_flag=True, help="Show the ranks' output too.")
+@click.option("--note", default=None, help="A line under the plots' titles (say what machines these were).")
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
 def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[str], data_sizes: Optional[str],
           repeat: int, out_dir: Optional[str], metrics_path: str, fail_fast: bool, show_logs: bool,
-          job_args: Sequence[str]) -> None:
+          note: Optional[str], job_args: Sequence[str]) -> None:
     """Run a grid of ordinary runs (nodes x batch size x init method x data size) and plot the results.
 
     Re-running the same command resumes: points already done are skipped.
@@ -97,7 +98,7 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
     table = rows(sw.points_in(state, points))
     written = write_tables(folder, table)
     try:
-        written += plot(folder, table, note=f"{len(inv.hosts)}-host inventory {os.path.basename(inventory)}")
+        written += plot(folder, table, note=note or f"{len(inv.hosts)}-host inventory {os.path.basename(inventory)}")
     except ImportError:
         err.print(Text("matplotlib is not installed: no plots (pip install 'clusterrun[plots]')", style="yellow"))
     _show_sweep(table)

@@ -87,6 +87,7 @@ def plot(folder: str, table: Sequence[dict], note: str = "") -> List[str]:
         return []
     paths = []
     first = done[0]
+    biggest = max((r["data_size"] for r in done if r["data_size"] is not None), default=None)
 
     def save(fig, name: str, title: str) -> None:
         fig.suptitle(title + (f"\n{note}" if note else ""), fontsize=9)
@@ -97,7 +98,7 @@ def plot(folder: str, table: Sequence[dict], note: str = "") -> List[str]:
         paths.append(path)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    where = {"init_method": first["init_method"], "data_size": first["data_size"]}
+    where = {"init_method": first["init_method"], "data_size": biggest}  # the most data: the least noise
     for batch, pts in _series(done, "nodes", "batch_size", where).items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {batch}/rank")
     ax.set_xlabel("nodes")
@@ -105,14 +106,16 @@ def plot(folder: str, table: Sequence[dict], note: str = "") -> List[str]:
     ax.set_xticks(sorted({r["nodes"] for r in done}))
     ax.legend()
     ax.grid(alpha=0.3)
-    save(fig, "time_vs_nodes.png", f"training time vs nodes ({first['init_method']}://, "
-                                   f"{first['data_size']} samples)")
+    save(fig, "time_vs_nodes.png", f"training time vs nodes ({first['init_method']}://, {biggest} samples)")
 
     most = max(r["nodes"] for r in done)
     fig, ax = plt.subplots(figsize=(6, 4))
     for size, pts in _series(done, "batch_size", "data_size", {"nodes": most, "init_method": first["init_method"]}).items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{size} samples")
     ax.set_xscale("log", base=2)
+    batches = sorted({r["batch_size"] for r in done})
+    ax.set_xticks(batches)
+    ax.set_xticklabels([str(b) for b in batches])
     ax.set_xlabel("batch size per rank")
     ax.set_ylabel("training time (s, median)")
     ax.legend()
@@ -125,11 +128,13 @@ def plot(folder: str, table: Sequence[dict], note: str = "") -> List[str]:
     width = 0.8 / max(1, len(nodes))
     for i, n in enumerate(nodes):
         heights = [_median([r["train_s"] for r in done if r["nodes"] == n and r["init_method"] == m
-                            and r["batch_size"] == first["batch_size"]]) or 0 for m in methods]
+                            and r["batch_size"] == first["batch_size"] and r["data_size"] == biggest]) or 0
+                   for m in methods]
         ax.bar([j + i * width for j in range(len(methods))], heights, width, label=f"{n} nodes")
     ax.set_xticks([j + width * (len(nodes) - 1) / 2 for j in range(len(methods))])
     ax.set_xticklabels([f"{m}://" for m in methods])
     ax.set_ylabel("training time (s, median)")
     ax.legend()
-    save(fig, "time_per_init_method.png", f"training time per init method (batch {first['batch_size']}/rank)")
+    save(fig, "time_per_init_method.png", f"training time per init method (batch {first['batch_size']}/rank, "
+                                          f"{biggest} samples)")
     return paths
