@@ -226,3 +226,23 @@ def test_cat_reads_only_inside_the_job_folder(agent, tmp_path):
         agent.read_file(run_id, "../spec.json")
     with pytest.raises(RemoteCommandError, match="cannot read out/missing.json"):
         agent.read_file(run_id, "out/missing.json")
+
+
+def test_a_controller_gone_before_the_answer_leaves_no_run_folder(agent, tmp_path):
+    """The push's first answer meets a closed pipe (the controller died just then): the run folder the
+    host had just made must go again."""
+    import json as _json
+    import struct
+    import subprocess
+
+    agent.free_port()  # installs the host program
+    m = project(tmp_path, {"job.py": b"x", "data/a.bin": os.urandom(1000)})
+    wire = _json.dumps({**m.wire(), "hold": True}).encode()
+    run_id = "20261130-000000-0050"
+    proc = subprocess.Popen(agent.argv("sync", run_id), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    proc.stdout.close()  # nobody will read the answer
+    proc.stdin.write(struct.pack(">I", len(wire)) + wire)
+    proc.stdin.close()
+    assert proc.wait(20) != 0
+    assert not (tmp_path / "work" / "runs" / run_id).exists()

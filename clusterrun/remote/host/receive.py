@@ -45,6 +45,23 @@ def object_path(cache, sha, executable):
 
 def cmd_sync(workdir, run_dir):
     """Receive objects the host's content cache lacks, then build RUN_DIR/job from hard links."""
+    mine = {"run_dir": False, "created": []}
+    try:
+        return receive(workdir, run_dir, mine)
+    except BaseException:
+        # The controller went away at any other point (a broken pipe while answering, say): a run folder
+        # this push made and that never started must not stay behind, nor the objects it added.
+        if mine["run_dir"] and not os.path.exists(os.path.join(run_dir, "spec.json")):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            for path in mine["created"]:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        raise
+
+
+def receive(workdir, run_dir, mine):
     cache = os.path.join(workdir, "cache", "objects")
     stdin = sys.stdin.buffer
     manifest = read_msg(stdin)
@@ -69,6 +86,7 @@ def cmd_sync(workdir, run_dir):
     try:
         os.makedirs(os.path.dirname(run_dir), 0o700, exist_ok=True)
         os.mkdir(run_dir, 0o700)
+        mine["run_dir"] = True
     except FileExistsError:
         send_msg({"missing": [], "error": "run folder already exists", "kind": "exists", "path": run_dir})
         return 1
@@ -76,7 +94,7 @@ def cmd_sync(workdir, run_dir):
               "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""))})
     received = 0  # bytes of objects read from the controller so far
     current = ""
-    created = []  # objects this push added to the cache: removed again if the push fails
+    created = mine["created"]  # objects this push added to the cache: removed again if the push fails
     made = set()  # folders known to exist: a makedirs per file was most of a small-file push's time
 
     def folder(path):
