@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Callable, Dict, List, Mapping, Optional
 
 from .errors import (EXIT_INTERRUPTED, EXIT_OK, ClusterrunError, ConnectError, HostError, HostsFailed,
@@ -129,8 +129,8 @@ class Runner:
             if self._interrupts:
                 self.monitor.interrupt(force=self.force_requested)
             outcome = self.monitor.run()
-            return RunOutcome(**{**asdict_shallow(outcome), "phases": tuple(self._phases) +
-                                 (("run", outcome.seconds),), "seconds": self._elapsed()})
+            return replace(outcome, phases=tuple(self._phases) + (("run", outcome.seconds),),
+                           seconds=self._elapsed())
         except Interrupted:
             self._undo(plan, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
             return self._finish("interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)")
@@ -345,7 +345,3 @@ class Runner:
                 node = next(n for n in nodes if n.host.name == name)
                 self.store.update_host(self.run_id, node.node_rank, cleanup="pending")
             self._emit(Notice(str(exc) + "\n`clusterrun stop` finishes them later.", "error"))
-
-
-def asdict_shallow(obj) -> dict:
-    return {f: getattr(obj, f) for f in obj.__dataclass_fields__}

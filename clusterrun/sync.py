@@ -13,7 +13,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import UsageError
 from .inventory import Job
@@ -223,9 +223,6 @@ def read_chunks(path: str, size: int, chunk: int = 1 << 20) -> Iterable[bytes]:
                 raise UsageError(f"{path} shrank while it was being pushed")
             left -= len(data)
             yield data
-
-
-ProgressFn = Callable[[int], None]
 
 
 def objects_to_send(manifest: Manifest, missing: Sequence[str]) -> List[FileEntry]:
