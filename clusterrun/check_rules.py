@@ -200,7 +200,8 @@ def torch_results(torch: Mapping[str, Mapping], pythons: Mapping[str, str]) -> T
                                     "missing", data)
             continue
         vis = t.get("torchvision") or ("broken" if t.get("torchvision_error") else "none")
-        detail = f"{t['version']}, torchvision {vis}" + (f" ({t['torchvision_error']})" if t.get("torchvision_error") else "")
+        detail = f"{t['version']}, torchvision {vis}" + (
+            f" ({t['torchvision_error']})" if t.get("torchvision_error") else "")
         if host in odd:
             out[host] = CheckResult("torch", FAIL, odd[host], f"install the same torch on every host ({want})",
                                     t["version"], data)
@@ -216,7 +217,8 @@ def torch_results(torch: Mapping[str, Mapping], pythons: Mapping[str, str]) -> T
 def cuda_result(backend: str, slots: int, t: Mapping) -> CheckResult:
     devices = int(t.get("devices") or 0)
     data = {k: t.get(k) for k in ("cuda", "devices", "device_names", "nccl", "nccl_version", "cuda_build")}
-    have = f"{devices} GPU{'s' if devices != 1 else ''}" + (f" ({t['device_names'][0]})" if t.get("device_names") else "")
+    have = f"{devices} GPU{'s' if devices != 1 else ''}" + (
+        f" ({t['device_names'][0]})" if t.get("device_names") else "")
     if backend != "nccl":
         return CheckResult("cuda", SKIP, f"backend {backend}; CUDA: {have if t.get('cuda') else 'none'}", "",
                            "gloo", data)

@@ -116,8 +116,9 @@ def _dry_run(inv: Inventory, run_id: str, as_json: bool) -> None:
     for col in ("rank", "local", "node", "host", "connection", "run folder"):
         table.add_column(col)
     for node in plan.nodes:
-        target = node.host.host if node.host.connection == "local" else \
-            f"{node.host.user + '@' if node.host.user else ''}{node.host.host}{':' + str(node.host.port) if node.host.port else ''}"
+        user = f"{node.host.user}@" if node.host.user else ""
+        port = f":{node.host.port}" if node.host.port else ""
+        target = node.host.host if node.host.connection == "local" else f"{user}{node.host.host}{port}"
         for r in node.ranks:
             table.add_row(str(r.rank), str(r.local_rank), str(node.node_rank), node.host.name,
                           f"{node.host.connection} {target}", node.run_dir)

@@ -78,7 +78,8 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
                             hash_cache=HashCache(os.path.join(store.home, "hashes.json")))
 
     def on_point(ev: "sw.PointEvent") -> None:
-        style = {"succeeded": "green", "failed": "bold red", "interrupted": "yellow", "skipped": "dim"}.get(ev.status, "")
+        style = {"succeeded": "green", "failed": "bold red", "interrupted": "yellow",
+                 "skipped": "dim"}.get(ev.status, "")
         text = f"[{ev.index}/{ev.total}] {ev.point.key}: {ev.status}"
         if ev.status not in ("starting", "skipped"):
             text += f" in {ev.seconds:.1f} s"

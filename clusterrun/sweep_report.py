@@ -110,7 +110,8 @@ def plot(folder: str, table: Sequence[dict], note: str = "") -> List[str]:
 
     most = max(r["nodes"] for r in done)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for size, pts in _series(done, "batch_size", "data_size", {"nodes": most, "init_method": first["init_method"]}).items():
+    where = {"nodes": most, "init_method": first["init_method"]}
+    for size, pts in _series(done, "batch_size", "data_size", where).items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{size} samples")
     ax.set_xscale("log", base=2)
     batches = sorted({r["batch_size"] for r in done})
