@@ -20,6 +20,15 @@ import time
 import paramiko
 
 
+
+def on_every_host(hosts: str, one) -> None:
+    """one(host) for every host of a comma-separated list, a thread each, all at once."""
+    threads = [threading.Thread(target=one, args=(h,)) for h in hosts.split(",")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
 def _client(known_hosts):
     client = paramiko.SSHClient()
     client.load_host_keys(known_hosts)
@@ -48,11 +57,7 @@ def floor(a):
         except Exception as exc:
             errors[host] = repr(exc)
 
-    threads = [threading.Thread(target=one, args=(h,)) for h in a.hosts.split(",")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    on_every_host(a.hosts, one)
     print(json.dumps({"inner_s": time.monotonic() - t0, "errors": errors}))
     return 1 if errors else 0
 
@@ -85,11 +90,7 @@ def sftp(a):
         except Exception as exc:
             errors[host] = repr(exc)
 
-    threads = [threading.Thread(target=one, args=(h,)) for h in a.hosts.split(",")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    on_every_host(a.hosts, one)
     print(json.dumps({"inner_s": time.monotonic() - t0, "bytes": sent[0], "errors": errors}))
     return 1 if errors else 0
 
