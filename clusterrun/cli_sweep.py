@@ -65,7 +65,8 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
         folder = out_dir or os.path.join("sweeps", ident)
         state = sw.SweepState(folder, ident, points)
         store = _store()
-        printer = LogPrinter(secrets=_secrets(inv).values())
+        secrets = _secrets(inv)
+        printer = LogPrinter(secrets=secrets.values())
     except ClusterrunError as exc:
         _fail(exc)
         return
@@ -74,7 +75,7 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
         if show_logs and isinstance(ev, LogLines):
             printer.write(ev.host, ev.rank, ev.data)
 
-    runner = sw.PointRunner(store=store, secrets=_secrets(inv), emit=on_run_event, metrics_path=metrics_path,
+    runner = sw.PointRunner(store=store, secrets=secrets, emit=on_run_event, metrics_path=metrics_path,
                             hash_cache=HashCache(os.path.join(store.home, "hashes.json")))
 
     def on_point(ev: "sw.PointEvent") -> None:

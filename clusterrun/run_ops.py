@@ -3,6 +3,7 @@ also after the controller that started the run is gone."""
 
 from __future__ import annotations
 
+import os
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -233,8 +234,6 @@ def fetch_logs(store: RunStore, run_id: str, connect: Connect, *, follow: bool,
 
 
 def _size(path: str) -> int:
-    import os
-
     try:
         return os.path.getsize(path)
     except OSError:

@@ -48,22 +48,22 @@ def _assert_ranks_agree(runs: list[RankRun], out: Path, world_size: int = 2) -> 
     return printed[0]
 
 
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory: pytest.TempPathFactory, digits: Path) -> Path:
-    workdir = tmp_path_factory.mktemp("tcp-ddp")
+def _trained(tmp_path_factory: pytest.TempPathFactory, digits: Path, sync: str) -> Path:
+    workdir = tmp_path_factory.mktemp(f"tcp-{sync}")
     runs = _by_hand(workdir, digits, f"tcp://127.0.0.1:{free_port()}", "--epochs", "2",
-                    "--sync", "ddp", *SHORT)
+                    "--sync", sync, *SHORT)
     _assert_ranks_agree(runs, workdir / "out")
     return workdir
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory, digits: Path) -> Path:
+    return _trained(tmp_path_factory, digits, "ddp")
 
 
 @pytest.fixture(scope="module")
 def allreduce_run(tmp_path_factory: pytest.TempPathFactory, digits: Path) -> Path:
-    workdir = tmp_path_factory.mktemp("tcp-allreduce")
-    runs = _by_hand(workdir, digits, f"tcp://127.0.0.1:{free_port()}", "--epochs", "2",
-                    "--sync", "allreduce", *SHORT)
-    _assert_ranks_agree(runs, workdir / "out")
-    return workdir
+    return _trained(tmp_path_factory, digits, "allreduce")
 
 
 def test_tcp_ranks_train_and_agree(ddp_run: Path) -> None:
