@@ -1,4 +1,4 @@
-"""The container cluster the benchmark runs on: docker/testcluster.py's Cluster plus what the bench needs.
+"""The container cluster the benchmark runs on: docker/testcluster's Cluster plus what the bench needs.
 
 The bench owns one cluster name and subnet (crbench, 198.18.205.0/24), so a re-run never meets the
 test suite's clusters; one size is up at a time.
@@ -7,7 +7,6 @@ test suite's clusters; one size is up at a time.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import json
 import os
 import shlex
@@ -24,14 +23,13 @@ HOST_SHARED = "/shared"
 
 
 def load_testcluster():
-    """docker/ is not a package (and must not shadow docker-py): load the file by path, as the tests do."""
-    if "testcluster" in sys.modules:
-        return sys.modules["testcluster"]
-    spec = importlib.util.spec_from_file_location("testcluster", REPO / "docker" / "testcluster.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["testcluster"] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
+    """The package docker/testcluster, imported with docker/ on the path (as pytest's pythonpath does)."""
+    docker_dir = str(REPO / "docker")
+    if docker_dir not in sys.path:
+        sys.path.insert(0, docker_dir)
+    import testcluster
+
+    return testcluster
 
 
 class BenchCluster:

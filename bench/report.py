@@ -89,7 +89,7 @@ def evaluate(summary: Dict) -> List[dict]:
         rows.append({"target": target, "hosts": int(hosts), "value": value, "pass": ok, "shown": show})
 
     for h in sorted(summary.get("launch", {}), key=int):
-        pr = lambda name: get(summary, "launch", h, "ratio", name)  # noqa: E731
+        pr = lambda name, h=h: get(summary, "launch", h, "ratio", name)  # noqa: E731
         r = pr("clusterrun/floor")
         add("launch ≤ 1.3× the floor", h, r, None if r is None else r <= 1.3, tables.times(r))
         r = pr("ssh-serial/clusterrun")
@@ -98,7 +98,7 @@ def evaluate(summary: Dict) -> List[dict]:
         r = pr("clusterrun/pdsh")
         add("launch not slower than pdsh", h, r, None if r is None else r <= 1.0, tables.times(r) + " of pdsh")
     for h in sorted(summary.get("push", {}), key=int):
-        pr = lambda name: get(summary, "push", h, "ratio", name)  # noqa: E731
+        pr = lambda name, h=h: get(summary, "push", h, "ratio", name)  # noqa: E731
         r = pr("sftp/clusterrun")
         add("first push ≥ 2× default SFTP", h, r, None if r is None else r >= 2, tables.times(r))
         r = pr("fastest/clusterrun")

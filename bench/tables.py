@@ -46,7 +46,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
 def launch(v: View) -> List[str]:
     rows = []
     for h in v.hosts("launch"):
-        t = lambda m: num(v("launch", h, m, "time"))  # noqa: E731
+        t = lambda m, h=h: num(v("launch", h, m, "time"))  # noqa: E731
         phases = " / ".join(num(v("launch", h, "clusterrun", f"phase_{p}")) for p in ("connect", "push", "start"))
         rows.append([h, t("clusterrun"), t("floor"), num(v("launch", h, "floor", "inner")), t("ssh-serial"), t("pdsh"),
                      times(v.ratio("launch", h, "clusterrun/floor")),
@@ -62,7 +62,7 @@ def push(v: View, meta: dict) -> List[str]:
     size = meta.get("push", {"mb": 100, "files": 1000})
     rows, detail = [], []
     for h in v.hosts("push"):
-        t = lambda m: num(v("push", h, m, "time"))  # noqa: E731
+        t = lambda m, h=h: num(v("push", h, m, "time"))  # noqa: E731
         rows.append([h, t("clusterrun"), num(v("push", h, "clusterrun", "phase_push")), t("scp"), t("rsync"), t("sftp"),
                      times(v.ratio("push", h, "sftp/clusterrun")), pct(v.ratio("push", h, "fastest/clusterrun")),
                      t("clusterrun-unchanged"), times(v.ratio("push", h, "unchanged/floor")), t("floor")])
@@ -88,9 +88,9 @@ def push(v: View, meta: dict) -> List[str]:
 def logs(v: View) -> List[str]:
     rows = []
     for h in v.hosts("logs"):
-        rate = lambda m: f"{num(v('logs', h, m, 'lines_per_s'), 0, 1e-3, 'k')} " \
+        rate = lambda m, h=h: f"{num(v('logs', h, m, 'lines_per_s'), 0, 1e-3, 'k')} " \
                          f"({num(v('logs', h, m, 'lines_per_s_e2e'), 0, 1e-3, 'k')})"  # noqa: E731
-        delay = lambda m, d: " / ".join(num(v("logs", h, m, "delay", p), d, 1e3) for p in ("p50", "p95"))  # noqa: E731
+        delay = lambda m, d, h=h: " / ".join(num(v("logs", h, m, "delay", p), d, 1e3) for p in ("p50", "p95"))  # noqa: E731
         bad = "/".join(num(v("logs", h, "clusterrun", k, "max"), 0) for k in ("lost", "duplicated", "damaged"))
         cpu = f"{num(v('logs', h, 'clusterrun', 'cpu'), 1)} ({num(v('logs', h, 'clusterrun', 'cpu_per_mline'), 1)})"
         rows.append([h, rate("clusterrun"), rate("ssh"), times(v.ratio("logs", h, "clusterrun/ssh")), bad, cpu,
@@ -106,7 +106,7 @@ def logs(v: View) -> List[str]:
 def teardown(v: View) -> List[str]:
     rows = []
     for h in v.hosts("teardown"):
-        t = lambda m, metric: num(v("teardown", h, m, metric))  # noqa: E731
+        t = lambda m, metric, h=h: num(v("teardown", h, m, metric))  # noqa: E731
         left = max((v("teardown", h, m, "left_processes", "max") or 0) for m in ("crash", "stop"))
         grace = max((v("teardown", h, m, "grace_used") or 0) for m in ("crash", "stop"))
         rows.append([h, t("crash", "time"), t("crash", "term_delivered"), t("crash", "controller_exit"),

@@ -1,9 +1,8 @@
-"""What a run reports as it goes (events, for the UI) and what it ends with (results)."""
+"""What a run reports as it goes, for the UI (how it ended is outcome.py's)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -50,59 +49,3 @@ class RankEnded:
 class Notice:
     text: str
     level: str = "info"  # info | warning | error
-
-
-@dataclass(frozen=True)
-class RankResult:
-    rank: int
-    node_rank: int
-    host: str
-    state: str  # succeeded | failed | stopped | lost | not-started
-    exit_code: Optional[int] = None
-    signal: Optional[int] = None
-    started_at: Optional[float] = None
-    ended_at: Optional[float] = None  # controller clock (host clock corrected by the measured offset)
-    log_path: str = ""
-    tail: Tuple[str, ...] = ()
-    note: str = ""
-
-    @property
-    def duration(self) -> Optional[float]:
-        if self.started_at is None or self.ended_at is None:
-            return None
-        return max(0.0, self.ended_at - self.started_at)
-
-    def describe(self) -> str:
-        if self.state == "lost":
-            return f"lost ({self.note})" if self.note else "lost"
-        if self.state == "stopped":
-            how = f" ({_signal_name(self.signal)})" if self.signal else \
-                (f" (exit code {self.exit_code})" if self.exit_code is not None else "")
-            return f"stopped by clusterrun{how}" if not self.note else f"stopped: {self.note}"
-        if self.signal:
-            return f"killed by signal {self.signal} ({_signal_name(self.signal)})"
-        if self.exit_code is not None:
-            return f"exit code {self.exit_code}"
-        return self.note or self.state
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    run_id: str
-    state: str  # succeeded | failed | stopped | timed-out | interrupted | running (detached)
-    exit_code: int
-    reason: str = ""
-    root_cause: Optional[RankResult] = None
-    ranks: Tuple[RankResult, ...] = ()
-    cleanup_pending: Tuple[str, ...] = ()
-    seconds: float = 0.0
-    phases: Tuple[Tuple[str, float], ...] = field(default=())
-
-
-def _signal_name(sig: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"

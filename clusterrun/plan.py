@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
 from .errors import UsageError
-from .inventory import Host, Inventory
+from .config.inventory import Host, Inventory
 
 # Variables clusterrun owns for every rank; an inventory env: that sets one would break the contract.
 CONTRACT_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",

@@ -38,5 +38,5 @@ ip route add blackhole 198.18.0.0/15 2>/dev/null || ip route show type blackhole
 if [ -z "${PYTHON:-}" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-"$PYTHON" docker/testcluster.py build -q >/dev/null
+"$PYTHON" docker/testcluster build -q >/dev/null
 echo "ci-prepare: ready ($(docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' clusterrun/host:latest))" >&2

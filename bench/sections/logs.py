@@ -73,6 +73,72 @@ def arrival_span(chunks: Chunks) -> Tuple[float, float]:
     return (min(times), max(times)) if times else (0.0, 0.0)
 
 
+def _flood(ctx: Context, inv, method: str, rep: int, lines: int) -> None:
+    n, cl = ctx.n, ctx.cluster
+    flood_args = ["--lines", str(lines), "--width", str(WIDTH)]
+    if method == "clusterrun":
+        argvs = [ctx.clusterrun("launch", inv, "--", *flood_args)]
+        kw = dict(env=ctx.env(), cwd=ctx.cwd)
+    else:
+        argvs = baselines.ssh_each(cl, "flood.py", lambda i: flood_args, f"~/{HOST_JOBS}")
+        kw = {}
+    per = [Chunks() for _ in argvs]
+    done = run_parallel(argvs, timeout=600, on_chunk=lambda i, t, d: per[i](i, t, d), hosts_cpu=cl.hosts_cpu,
+                        **kw)
+    if not done.ok:
+        raise RuntimeError(f"logs/{method} failed: {done.describe_failure()}")
+    all_chunks = Chunks()
+    all_chunks.items = [item for p in per for item in p.items]
+    first, last = arrival_span(all_chunks)
+    counts = tally([b"".join(c for _, c in p.items) for p in per], n, lines, prefixed=(method == "clusterrun"))
+    if rep < 0:
+        return
+    add = lambda metric, value, unit: ctx.rec.add(SECTION, n, method, metric, value, rep, unit)  # noqa: E731
+    add("lines_per_s", counts["lines"] / max(1e-9, last - first), "lines/s")
+    add("lines_per_s_e2e", counts["lines"] / max(1e-9, done.t_end - done.t0), "lines/s")
+    add("cpu", done.cpu, "cpu-s")
+    add("hosts_cpu", done.hosts_cpu, "cpu-s")
+    add("cpu_per_mline", done.cpu / max(1, counts["lines"]) * 1e6, "cpu-s")
+    for key in ("lost", "duplicated", "damaged", "other"):
+        add(key, counts[key], "lines")
+    add("time", done.wall, "s")
+
+
+def _tick_delays(chunks: Chunks) -> List[float]:
+    """Arrival time minus the time each TICK line says it was printed."""
+    delays = []
+    for t, data in chunks.items:
+        for line in data.split(b"\n"):
+            k = line.find(b"TICK ")
+            if k < 0:
+                continue
+            try:
+                delays.append(t - float(line[k:].split()[3]))
+            except (ValueError, IndexError):  # not a tick, or a tick cut in two by a read
+                continue
+    return delays
+
+
+def _delay(ctx: Context, inv, method: str, rep: int, ticks: int) -> None:
+    n, cl = ctx.n, ctx.cluster
+    tick_args = ["--ticks", str(ticks)]
+    chunks = Chunks()
+    if method == "clusterrun":
+        done = run_parallel([ctx.clusterrun("launch", inv, "--", *tick_args)], env=ctx.env(),
+                            cwd=ctx.cwd, timeout=300, on_chunk=chunks)
+    else:
+        done = run_parallel(baselines.ssh_each(cl, "ticker.py", lambda i: tick_args, f"~/{HOST_JOBS}"),
+                            timeout=300, on_chunk=chunks)
+    if not done.ok:
+        raise RuntimeError(f"logs/{method} (delay) failed: {done.describe_failure()}")
+    delays = _tick_delays(chunks)
+    if len(delays) != n * ticks:
+        ctx.rec.note(SECTION, n, f"delay {method} rep {rep}: {len(delays)} of {n * ticks} ticks arrived")
+    for d in delays:
+        ctx.rec.add(SECTION, n, method, "delay", d, rep)
+    ctx.rec.add(SECTION, n, method, "delay_p50", percentile(delays, 50), rep)
+
+
 def run_section(ctx: Context, reps: int, total_lines: int = 1_000_000, ticks: int = 8,
                 delay_reps: int = 3) -> None:
     n, cl = ctx.n, ctx.cluster
@@ -80,75 +146,17 @@ def run_section(ctx: Context, reps: int, total_lines: int = 1_000_000, ticks: in
     ctx.install_host_jobs()
     flood_inv = cl.write_inventory(ctx.work / "flood.json", root=JOBS, script="flood.py")
     tick_inv = cl.write_inventory(ctx.work / "ticker.json", root=JOBS, script="ticker.py")
-    tick_args = ["--ticks", str(ticks)]
-
-    def flood(method: str, rep: int, lines: int = per_rank) -> None:
-        flood_args = ["--lines", str(lines), "--width", str(WIDTH)]
-        if method == "clusterrun":
-            argvs = [ctx.clusterrun("launch", flood_inv, "--", *flood_args)]
-            kw = dict(env=ctx.env(), cwd=ctx.cwd)
-        else:
-            argvs = baselines.ssh_each(cl, "flood.py", lambda i: flood_args, f"~/{HOST_JOBS}")
-            kw = {}
-        per = [Chunks() for _ in argvs]
-        done = run_parallel(argvs, timeout=600, on_chunk=lambda i, t, d: per[i](i, t, d), hosts_cpu=cl.hosts_cpu,
-                            **kw)
-        if not done.ok:
-            raise RuntimeError(f"logs/{method} failed: {done.describe_failure()}")
-        all_chunks = Chunks()
-        all_chunks.items = [item for p in per for item in p.items]
-        first, last = arrival_span(all_chunks)
-        counts = tally([b"".join(c for _, c in p.items) for p in per], n, lines,
-                       prefixed=(method == "clusterrun"))
-        if rep < 0:
-            return
-        add = lambda metric, value, unit: ctx.rec.add(SECTION, n, method, metric, value, rep, unit)  # noqa: E731
-        add("lines_per_s", counts["lines"] / max(1e-9, last - first), "lines/s")
-        add("lines_per_s_e2e", counts["lines"] / max(1e-9, done.t_end - done.t0), "lines/s")
-        add("cpu", done.cpu, "cpu-s")
-        add("hosts_cpu", done.hosts_cpu, "cpu-s")
-        add("cpu_per_mline", done.cpu / max(1, counts["lines"]) * 1e6, "cpu-s")
-        for key in ("lost", "duplicated", "damaged", "other"):
-            add(key, counts[key], "lines")
-        add("time", done.wall, "s")
-
-    def delay(method: str, rep: int) -> None:
-        chunks = Chunks()
-        if method == "clusterrun":
-            done = run_parallel([ctx.clusterrun("launch", tick_inv, "--", *tick_args)], env=ctx.env(),
-                                cwd=ctx.cwd, timeout=300, on_chunk=chunks)
-        else:
-            done = run_parallel(baselines.ssh_each(cl, "ticker.py", lambda i: tick_args, f"~/{HOST_JOBS}"),
-                                timeout=300, on_chunk=chunks)
-        if not done.ok:
-            raise RuntimeError(f"logs/{method} (delay) failed: {done.describe_failure()}")
-        delays = []
-        for t, data in chunks.items:
-            for line in data.split(b"\n"):
-                k = line.find(b"TICK ")
-                if k < 0:
-                    continue
-                try:
-                    delays.append(t - float(line[k:].split()[3]))
-                except (ValueError, IndexError):  # not a tick, or a tick cut in two by a read
-                    continue
-        if len(delays) != n * ticks:
-            ctx.rec.note(SECTION, n, f"delay {method} rep {rep}: {len(delays)} of {n * ticks} ticks arrived")
-        for d in delays:
-            ctx.rec.add(SECTION, n, method, "delay", d, rep)
-        ctx.rec.add(SECTION, n, method, "delay_p50", percentile(delays, 50), rep)
-
     for method in METHODS:
-        flood(method, -1, lines=1000)  # warm-up
+        _flood(ctx, flood_inv, method, -1, lines=1000)  # warm-up
     for rep in range(reps):
         for method in rotate(METHODS, rep):
-            flood(method, rep)
+            _flood(ctx, flood_inv, method, rep, per_rank)
         ctx.log(f"  logs rep {rep + 1}/{reps}: " + ", ".join(
             f"{m} {ctx.rec.values(SECTION, n, m, 'lines_per_s')[-1] / 1e3:.0f}k lines/s "
             f"(lost {ctx.rec.values(SECTION, n, m, 'lost')[-1]:.0f})" for m in METHODS))
     for rep in range(delay_reps):
         for method in rotate(METHODS, rep):
-            delay(method, rep)
+            _delay(ctx, tick_inv, method, rep, ticks)
         ctx.log(f"  delay rep {rep + 1}/{delay_reps}: " + ", ".join(
             f"{m} p50 {ctx.rec.values(SECTION, n, m, 'delay_p50')[-1] * 1e3:.1f} ms" for m in METHODS))
     ctx.rec.note(SECTION, n, f"flood: {per_rank} lines of {WIDTH} bytes per rank ({n * per_rank} in all); "

@@ -33,15 +33,15 @@ SOURCE: bytes = _build_zip()
 
 # Hosts keep every version they were sent under its content id, so controllers of different versions
 # can work on the same host side by side.
-AGENT_ID = hashlib.sha256(SOURCE).hexdigest()[:16]
-EXIT_AGENT_MISSING = 97
+PROGRAM_ID = hashlib.sha256(SOURCE).hexdigest()[:16]
+EXIT_PROGRAM_MISSING = 97
 
 # One line each (csh and fish also run them): find the program under the workdir and run it, or exit
 # 97 so the controller installs it. The installer checks the content id, then unpacks the zip into a
 # folder of its own (renamed into place), so the host's Python caches its bytecode from the second run on.
 BOOTSTRAP = (
     "import os,sys,runpy;w=os.path.expanduser(sys.argv[1]);"
-    "a=os.path.join(w,'bin','agent-'+sys.argv[2]);"
+    "a=os.path.join(w,'bin','host-'+sys.argv[2]);"
     "os.path.isfile(os.path.join(a,'__main__.py')) or sys.exit(97);"
     "sys.argv=[a,sys.argv[1]]+sys.argv[3:];"
     "runpy.run_path(a,run_name='__main__')"
@@ -50,8 +50,8 @@ INSTALLER = (
     "import os,sys,io,shutil,hashlib,zipfile;os.umask(0o077);w=os.path.expanduser(sys.argv[1]);"
     "d=os.path.join(w,'bin');os.makedirs(d,0o700,exist_ok=True);b=sys.stdin.buffer.read();"
     "hashlib.sha256(b).hexdigest()[:16]==sys.argv[2] or sys.exit(98);"
-    "t=os.path.join(d,'.agent-%d.tmp'%os.getpid());zipfile.ZipFile(io.BytesIO(b)).extractall(t);"
-    "f=os.path.join(d,'agent-'+sys.argv[2]);"
+    "t=os.path.join(d,'.host-%d.tmp'%os.getpid());zipfile.ZipFile(io.BytesIO(b)).extractall(t);"
+    "f=os.path.join(d,'host-'+sys.argv[2]);"
     # another controller may have installed the same version a moment ago: keep its copy
     "exec('try:\\n os.replace(t,f)\\nexcept OSError:\\n shutil.rmtree(t)')"
 )

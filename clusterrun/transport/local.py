@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 from typing import Optional, Sequence
 
+from ..errors import RemoteCommandError
 from . import Completed, StreamClosed, run_on
 
 
@@ -68,7 +69,12 @@ class LocalTransport:
         self.label = label
 
     def open(self, argv: Sequence[str]) -> LocalStream:
-        return LocalStream(argv)
+        try:
+            return LocalStream(argv)
+        except OSError as exc:  # what a shell would report as exit 127 over SSH
+            raise RemoteCommandError(self.label, f"cannot run {argv[0]}: {exc.strerror or exc}", exit_code=127,
+                                     command=argv[0],
+                                     hint="install Python 3 there, or set python: in the inventory") from None
 
     def run(self, argv: Sequence[str], *, stdin: Optional[bytes] = None, timeout: float) -> Completed:
         return run_on(self, argv, stdin=stdin, timeout=timeout)

@@ -9,20 +9,19 @@ on construction. A ProxyJump hop is what fabric's gateway does: a `direct-tcpip`
 
 from __future__ import annotations
 
-import getpass
 import os
 import shlex
 import socket
 import threading
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import paramiko
 from paramiko.common import cMSG_CHANNEL_REQUEST
 from paramiko.message import Message
 
+from ..config.inventory import Timeouts
+from ..config.ssh_config import SshTarget
 from ..errors import AuthError, ConnectError, HostKeyChanged
-from ..inventory import Host, Timeouts
 from . import Completed, StreamClosed, run_on
 from .hostkeys import KnownHosts
 
@@ -34,20 +33,6 @@ _key_cache: Dict[str, paramiko.PKey] = {}
 _key_lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where and how to connect, after ~/.ssh/config (inventory values win over it)."""
-
-    alias: str
-    hostname: str
-    port: int
-    user: str
-    identity_files: Tuple[str, ...]
-    proxy_jump: Optional[str]
-    proxy_command: Optional[str]
-    known_hosts: str
-
-
 def load_ssh_config(path: str = "~/.ssh/config") -> paramiko.SSHConfig:
     path = os.path.expanduser(path)
     if os.path.exists(path):
@@ -55,17 +40,14 @@ def load_ssh_config(path: str = "~/.ssh/config") -> paramiko.SSHConfig:
     return paramiko.SSHConfig()
 
 
-def resolve(host: Host, config: paramiko.SSHConfig) -> Target:
-    found = config.lookup(host.host)
-    files = (host.identity_file,) if host.identity_file else tuple(found.get("identityfile", ()))
-    jump = host.proxy_jump or found.get("proxyjump")
-    return Target(
-        alias=host.host, hostname=found.get("hostname", host.host), port=host.port or int(found.get("port", 22)),
-        user=host.user or found.get("user") or getpass.getuser(),
-        identity_files=tuple(os.path.expanduser(f) for f in files),
-        proxy_jump=None if jump in (None, "none") else jump,
-        proxy_command=None if host.proxy_jump else found.get("proxycommand"),
-        known_hosts=os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts"))
+def config_options(config: Optional[paramiko.SSHConfig] = None):
+    """alias -> the options ~/.ssh/config gives it (paramiko's reading: no Include, no Match)."""
+    config = config if config is not None else load_ssh_config()
+
+    def options(alias: str) -> Mapping[str, object]:
+        return config.lookup(alias)
+
+    return options
 
 
 def _load_key(path: str) -> Optional[paramiko.PKey]:
@@ -190,11 +172,10 @@ class SshTransport:
 
 
 class Connector:
-    """Opens SSH connections for the hosts of one run; shares known_hosts files and ssh config."""
+    """Opens SSH connections for the hosts of one run; shares known_hosts files between them."""
 
-    def __init__(self, timeouts: Timeouts, ssh_config: Optional[paramiko.SSHConfig] = None):
+    def __init__(self, timeouts: Timeouts):
         self.timeouts = timeouts
-        self.config = ssh_config if ssh_config is not None else load_ssh_config()
         self._known: Dict[str, KnownHosts] = {}
         self._lock = threading.Lock()
 
@@ -204,39 +185,25 @@ class Connector:
                 self._known[path] = KnownHosts(path)
             return self._known[path]
 
-    def connect(self, host: Host) -> SshTransport:
-        target = resolve(host, self.config)
+    def connect(self, target: SshTarget) -> SshTransport:
         hops: List[paramiko.Transport] = []
         sock = None
         try:
-            if target.proxy_jump:
-                for spec in target.proxy_jump.split(","):
-                    hop = self._jump_target(spec, host)
-                    hop_sock = self._open_socket(hop, host.name, via=hops[-1] if hops else None)
-                    hops.append(self._handshake(hop, hop_sock, host, label=f"{host.name} (via jump {hop.alias})"))
-            elif target.proxy_command:
+            for hop in target.jumps:
+                hop_sock = self._open_socket(hop, target.label, via=hops[-1] if hops else None)
+                hops.append(self._handshake(hop, hop_sock, label=hop.label))
+            if not target.jumps and target.proxy_command:
                 sock = paramiko.ProxyCommand(target.proxy_command)
             if sock is None:
-                sock = self._open_socket(target, host.name, via=hops[-1] if hops else None)
-            t = self._handshake(target, sock, host, label=host.name)
+                sock = self._open_socket(target, target.label, via=hops[-1] if hops else None)
+            t = self._handshake(target, sock, label=target.label)
         except BaseException:
             for hop in hops:
                 hop.close()
             raise
-        return SshTransport(host.name, t, self.timeouts, hops)
+        return SshTransport(target.label, t, self.timeouts, hops)
 
-    def _jump_target(self, spec: str, host: Host) -> Target:
-        user, _, rest = spec.rpartition("@")
-        name, _, port = rest.partition(":")
-        jump_host = Host(name=name, host=name, addr=None, slots=1, connection="ssh", user=user or None,
-                         port=int(port) if port else None, identity_file=host.identity_file,
-                         known_hosts=host.known_hosts, host_key_policy=host.host_key_policy, python="python3",
-                         workdir="~", env={}, proxy_jump="none", source=host.source)
-        target = resolve(jump_host, self.config)
-        return Target(target.alias, target.hostname, target.port, target.user, target.identity_files, None, None,
-                      target.known_hosts)
-
-    def _open_socket(self, target: Target, label: str, via: Optional[paramiko.Transport]):
+    def _open_socket(self, target: SshTarget, label: str, via: Optional[paramiko.Transport]):
         timeout = self.timeouts.connect
         where = f"{target.hostname}:{target.port}"
         if via is not None:
@@ -255,7 +222,7 @@ class Connector:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    def _handshake(self, target: Target, sock, host: Host, label: str) -> paramiko.Transport:
+    def _handshake(self, target: SshTarget, sock, label: str) -> paramiko.Transport:
         timeout = self.timeouts.connect
         t = paramiko.Transport(sock)
         t.banner_timeout = t.handshake_timeout = t.auth_timeout = timeout
@@ -285,7 +252,7 @@ class Connector:
             raise ConnectError(label, f"no SSH handshake from {target.hostname}:{target.port} within "
                                       f"{timeout:g} s (host hung?)")
         try:
-            known.verify(label, target.hostname, target.port, t.get_remote_server_key(), host.host_key_policy)
+            known.verify(label, target.hostname, target.port, t.get_remote_server_key(), target.host_key_policy)
             self._authenticate(t, target, label)
         except BaseException:
             t.close()
@@ -293,7 +260,7 @@ class Connector:
         t.set_keepalive(15)
         return t
 
-    def _authenticate(self, t: paramiko.Transport, target: Target, label: str) -> None:
+    def _authenticate(self, t: paramiko.Transport, target: SshTarget, label: str) -> None:
         tried: List[str] = []
         paths = target.identity_files or tuple(p for p in (os.path.expanduser(d) for d in _DEFAULT_KEYS)
                                                 if os.path.exists(p))
@@ -330,14 +297,3 @@ class Connector:
                                f" (tried: {', '.join(tried) or 'no keys found'})",
                         hint="set identity_file in the inventory, or load the key into ssh-agent")
 
-
-
-def with_config_addresses(inv):
-    """Fill each SSH host's missing `addr` from ~/.ssh/config's HostName, so an alias never becomes
-    MASTER_ADDR (the other hosts could not resolve it)."""
-    from dataclasses import replace
-
-    config = load_ssh_config()
-    hosts = tuple(replace(h, addr=resolve(h, config).hostname) if h.connection == "ssh" and not h.addr else h
-                  for h in inv.hosts)
-    return replace(inv, hosts=hosts)

@@ -1,4 +1,4 @@
-"""The integration lane: a real cluster of containers (docker/testcluster.py) under every SSH test.
+"""The integration lane: a real cluster of containers (docker/testcluster) under every SSH test.
 
 The session brings a 4-host cluster up once and always takes it down at the end (failures and Ctrl-C
 included). After each test it undoes the test's faults (crash, pause, partition, block) and fails
@@ -15,7 +15,6 @@ Environment:
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import signal
@@ -33,16 +32,7 @@ CLUSTER_HOSTS = 4
 ORPHAN_GRACE_S = 3.0  # processes that are ending (TERM sent, exit in flight) get this long
 
 
-def _load_testcluster():
-    # docker/ is not a package (and must not shadow docker-py); load the file by path.
-    spec = importlib.util.spec_from_file_location("testcluster", REPO / "docker" / "testcluster.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["testcluster"] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
-
-
-testcluster = _load_testcluster()
+import testcluster  # noqa: E402  (docker/ is on pytest's pythonpath: see pyproject.toml)
 
 _reason_cache: list[str | None] = []
 

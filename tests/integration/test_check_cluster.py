@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from clusterrun.check_rules import CHECKS
+from clusterrun.check.rules import CHECKS
 
 pytestmark = pytest.mark.integration
 

@@ -11,16 +11,16 @@ import textwrap
 import pytest
 from rich.console import Console
 
-from clusterrun.check import ListenerSeen, Observed, evaluate, run_checks
-from clusterrun.check_net import connect_result, iface_result, shared_result
-from clusterrun.check_probe import Listener, ProbeAnswer, run_probe
-from clusterrun.check_render import render_checks
-from clusterrun.check_rules import (CHECKS, CheckResult, HostReport, Report, clock_result, clock_skew, cuda_result,
+from clusterrun.check.run import ListenerSeen, Observed, evaluate, run_checks
+from clusterrun.check.net import connect_result, iface_result, shared_result
+from clusterrun.check.probe import Listener, ProbeAnswer, run_probe
+from clusterrun.ui.checks import render_checks
+from clusterrun.check.rules import (CHECKS, CheckResult, HostReport, Report, clock_result, clock_skew, cuda_result,
                                     disagreement, disk_result, group_versions, port_text, probe_failed,
                                     python_results, shell_noise, ssh_failed, torch_results)
 from clusterrun.errors import AuthError, ConnectError, HostKeyChanged, HostKeyUnknown, HostsFailed
-from clusterrun.inventory import Host, parse_inventory
-from clusterrun.preflight import preflight, preflight_error
+from clusterrun.config.inventory import Host, parse_inventory
+from clusterrun.launch.preflight import preflight, preflight_error
 from clusterrun.transport.local import LocalTransport
 
 # ------------------------------------------------------------------ versions across hosts

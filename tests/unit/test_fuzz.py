@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterrun.errors import InventoryError, UsageError
-from clusterrun.inventory import parse_inventory
+from clusterrun.config.inventory import parse_inventory
 from clusterrun.plan import build_plan, render_rank_command
 
 FILE = "/proj/inv.yaml"

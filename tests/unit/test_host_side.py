@@ -10,9 +10,9 @@ import time
 import pytest
 
 from clusterrun.errors import PushError, RemoteCommandError
-from clusterrun.host_agent import HostAgent
-from clusterrun.inventory import DEFAULT_EXCLUDES, Host, Job, Timeouts
-from clusterrun.sync import HashCache, build_manifest
+from clusterrun.hosts.client import HostClient
+from clusterrun.config.inventory import DEFAULT_EXCLUDES, Host, Job, Timeouts
+from clusterrun.hosts.manifest import HashCache, build_manifest
 from clusterrun.transport.local import LocalTransport
 
 
@@ -24,7 +24,7 @@ def make_host(workdir):
 
 @pytest.fixture
 def agent(tmp_path):
-    a = HostAgent(make_host(tmp_path / "work"), LocalTransport("here"), Timeouts(command=20))
+    a = HostClient(make_host(tmp_path / "work"), LocalTransport("here"), Timeouts(command=20))
     yield a
     a.close()
 
@@ -48,12 +48,12 @@ def spec(run_id, ranks, grace=5.0, **extra):
 
 def test_push_is_incremental_by_content_and_private(agent, tmp_path):
     m = project(tmp_path, {"job.py": b"print(1)\n", "data/a.bin": b"A" * 5000, "data/b.bin": b"A" * 5000})
-    first = agent.sync("20261130-000000-0001", m)
+    first = agent.push_only("20261130-000000-0001", m)
     assert (first.objects, first.sent_bytes, first.files) == (2, 5009, 3)
     job = tmp_path / "work" / "runs" / "20261130-000000-0001" / "job"
     assert (job / "data" / "b.bin").read_bytes() == b"A" * 5000
     assert stat.S_IMODE(os.stat(tmp_path / "work" / "runs" / "20261130-000000-0001").st_mode) == 0o700
-    again = agent.sync("20261130-000000-0002", m)
+    again = agent.push_only("20261130-000000-0002", m)
     assert (again.objects, again.sent_bytes) == (0, 0)  # unchanged re-launch sends nothing
     assert os.stat(job / "data" / "a.bin").st_ino == os.stat(
         tmp_path / "work" / "runs" / "20261130-000000-0002" / "job" / "data" / "a.bin").st_ino
@@ -61,30 +61,30 @@ def test_push_is_incremental_by_content_and_private(agent, tmp_path):
 
 def test_push_refuses_an_existing_run_folder(agent, tmp_path):
     m = project(tmp_path, {"job.py": b"x"})
-    agent.sync("20261130-000000-0003", m)
+    agent.push_only("20261130-000000-0003", m)
     with pytest.raises(PushError, match="already exists"):
-        agent.sync("20261130-000000-0003", m)
+        agent.push_only("20261130-000000-0003", m)
 
 
 def test_corrupt_content_is_rejected_and_nothing_is_left(agent, tmp_path):
     m = project(tmp_path, {"job.py": b"original\n"})
     (tmp_path / "proj" / "job.py").write_bytes(b"tampered\n")  # changes after hashing: sent bytes differ
     with pytest.raises(PushError, match="corrupted"):
-        agent.sync("20261130-000000-0004", m)
+        agent.push_only("20261130-000000-0004", m)
     assert not (tmp_path / "work" / "runs" / "20261130-000000-0004").exists()
 
 
 def test_a_manifest_path_escaping_the_run_is_refused(agent, tmp_path):
-    from clusterrun.sync import FileEntry, Manifest
+    from clusterrun.hosts.manifest import FileEntry, Manifest
 
     evil = FileEntry(rel="../../escape.txt", sha="0" * 64, size=0, executable=False, source="/dev/null")
     with pytest.raises(PushError, match="unsafe path"):
-        agent.sync("20261130-000000-0005", Manifest(files=(evil,), dirs=(), symlinks=()))
+        agent.push_only("20261130-000000-0005", Manifest(files=(evil,), dirs=(), symlinks=()))
     assert not (tmp_path / "escape.txt").exists()
 
 
 def start_sleepers(agent, tmp_path, run_id, code="import time; time.sleep(60)", n=2, **extra):
-    agent.sync(run_id, project(tmp_path, {"job.py": b"x"}))
+    agent.push_only(run_id, project(tmp_path, {"job.py": b"x"}))
     ranks = [(r, [sys.executable, "-c", code]) for r in range(n)]
     return agent.start(run_id, spec(run_id, ranks, **extra))
 
@@ -181,7 +181,7 @@ def test_follow_streams_logs_by_offset_then_exits(agent, tmp_path):
 
 def test_supervisor_stops_the_hosts_other_ranks_when_one_fails(agent, tmp_path):
     run_id = "20261130-000000-0030"
-    agent.sync(run_id, project(tmp_path, {"job.py": b"x"}))
+    agent.push_only(run_id, project(tmp_path, {"job.py": b"x"}))
     ranks = [(0, [sys.executable, "-c", "import time; time.sleep(60)"]), (1, [sys.executable, "-c", "raise SystemExit(7)"])]
     agent.start(run_id, spec(run_id, ranks, grace=1.0))
     deadline = time.monotonic() + 10
@@ -194,7 +194,7 @@ def test_supervisor_stops_the_hosts_other_ranks_when_one_fails(agent, tmp_path):
 
 def test_a_rank_that_cannot_start_gets_exit_127(agent, tmp_path):
     run_id = "20261130-000000-0031"
-    agent.sync(run_id, project(tmp_path, {"job.py": b"x"}))
+    agent.push_only(run_id, project(tmp_path, {"job.py": b"x"}))
     agent.start(run_id, spec(run_id, [(0, ["/nonexistent/python", "x.py"])]))
     status = agent.status(run_id)
     assert status["ranks"]["0"]["exit"]["exit_code"] == 127
@@ -212,15 +212,15 @@ def test_missing_python_is_named(tmp_path):
     from dataclasses import replace
 
     host = replace(make_host(tmp_path / "w"), python=str(tmp_path / "no-python"))
-    a = HostAgent(host, LocalTransport("here"), Timeouts(command=5))
-    with pytest.raises(Exception) as info:
+    a = HostClient(host, LocalTransport("here"), Timeouts(command=5))
+    with pytest.raises(RemoteCommandError) as info:
         a.probe()
     assert "no-python" in str(info.value)
 
 
 def test_cat_reads_only_inside_the_job_folder(agent, tmp_path):
     run_id = "20261130-000000-0040"
-    agent.sync(run_id, project(tmp_path, {"job.py": b"x", "out/metrics.json": b'{"ok": 1}'}))
+    agent.push_only(run_id, project(tmp_path, {"job.py": b"x", "out/metrics.json": b'{"ok": 1}'}))
     assert agent.read_file(run_id, "out/metrics.json") == b'{"ok": 1}'
     with pytest.raises(RemoteCommandError, match="outside the run's job folder"):
         agent.read_file(run_id, "../spec.json")
@@ -239,7 +239,7 @@ def test_a_controller_gone_before_the_answer_leaves_no_run_folder(agent, tmp_pat
     m = project(tmp_path, {"job.py": b"x", "data/a.bin": os.urandom(1000)})
     wire = _json.dumps({**m.wire(), "hold": True}).encode()
     run_id = "20261130-000000-0050"
-    proc = subprocess.Popen(agent.argv("sync", run_id), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(agent.argv("receive", run_id), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     proc.stdout.close()  # nobody will read the answer
     proc.stdin.write(struct.pack(">I", len(wire)) + wire)

@@ -6,9 +6,9 @@ import textwrap
 import pytest
 
 from clusterrun.errors import InventoryError, UsageError
-from clusterrun.inventory import (check_job_files, inventory_from_snapshot, load_inventory, parse_inventory,
+from clusterrun.config.inventory import (check_job_files, inventory_from_snapshot, load_inventory, parse_inventory,
                                   with_overrides)
-from clusterrun.runner import inventory_snapshot
+from clusterrun.launch.runner import inventory_snapshot
 
 FULL = """\
 version: 1

@@ -2,8 +2,8 @@
 
 import io
 
-from clusterrun.logs import LineSplitter, LogCopy, tail_lines
-from clusterrun.ui import LogPrinter
+from clusterrun.hosts.logs import LineSplitter, LogCopy, tail_lines
+from clusterrun.ui.console import LogPrinter
 
 
 def test_splitter_returns_whole_lines_and_keeps_the_rest():

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from clusterrun.errors import UsageError
-from clusterrun.inventory import parse_inventory
+from clusterrun.config.inventory import parse_inventory
 from clusterrun.plan import MASK, build_plan, plan_to_dict, rank_env, render_rank_command
 
 RUN = "20261130-142233-a1b2"

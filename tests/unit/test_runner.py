@@ -10,11 +10,11 @@ import pytest
 
 from clusterrun.errors import AuthError, ConnectError, HostsFailed
 from clusterrun.events import LogLines, RankEnded
-from clusterrun.frames import Frame
-from clusterrun.host_agent import SyncResult
-from clusterrun.inventory import parse_inventory
-from clusterrun.runner import Runner
-from clusterrun.store import RunStore
+from clusterrun.hosts.wire import Frame
+from clusterrun.hosts.client import PushResult
+from clusterrun.config.inventory import parse_inventory
+from clusterrun.launch.runner import Runner
+from clusterrun.registry.store import RunStore
 from clusterrun.transport import StreamClosed
 
 
@@ -84,7 +84,7 @@ class FakeAgent:
     def push(self, run_id, manifest, progress=lambda n: None, want_port=False, check_port=None, master_addr=""):
         self.h.world.calls.append(("push", self.h.name))
         progress(manifest.total_bytes)
-        return FakeHeld(self.h, SyncResult(manifest.total_bytes, 1, len(manifest.files), 0.0),
+        return FakeHeld(self.h, PushResult(manifest.total_bytes, 1, len(manifest.files), 0.0),
                         41234 if want_port else None)
 
     def follow(self, run_id, offsets, once=False):
@@ -176,7 +176,7 @@ def test_success_runs_phases_in_order_and_rank0s_host_starts_first(tmp_path):
     assert sorted((e.host, e.rank, e.data) for e in lines) == [("a", 0, b"hello\n"), ("a", 1, b"hello\n"),
                                                                ("b", 2, b"hello\n"), ("c", 3, b"hello\n")]
     record = w.store.get("20261130-000000-abcd")
-    assert record.state == "succeeded" and [r["state"] for r in record.ranks] == ["succeeded"] * 4
+    assert record.state == "succeeded" and [r.state for r in record.ranks] == ["succeeded"] * 4
     assert (tmp_path / "state" / "runs" / "20261130-000000-abcd" / "rank-2.log").read_bytes() == b"hello\n"
 
 
@@ -295,8 +295,9 @@ def test_auto_port_and_secrets(tmp_path):
         for r in h.ranks:
             h.exit(r, code=0)
     t.join(10)
-    db = (tmp_path / "state" / "runs.db").read_bytes()
-    assert b"hunter2" not in db
+    files = sorted((tmp_path / "state").glob("runs.db*"))  # the WAL holds the newest writes
+    assert files and all(b"hunter2" not in f.read_bytes() for f in files)
+    assert any(b"20261130-000000-abcd" in f.read_bytes() for f in files)  # the run is in there
     assert json.loads(json.dumps(w.store.get("20261130-000000-abcd").plan))["master_port"] == 41234
 
 
@@ -324,7 +325,7 @@ def test_a_push_failure_drops_what_the_other_hosts_received(tmp_path):
 
 
 def test_a_failed_preflight_check_starts_nothing_and_names_the_host(tmp_path):
-    from clusterrun.check_rules import CheckProblem
+    from clusterrun.check.rules import CheckProblem
 
     w = World(INV, tmp_path)
     problems = [CheckProblem("b", 1, "python", "fail", "Python 3.8 here, 3.11 on a, c", "install the same Python"),

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from clusterrun import sweep as sw
+from clusterrun.sweep import grid as sw
 from clusterrun.errors import UsageError
-from clusterrun.inventory import parse_inventory
-from clusterrun.sweep_report import plot, rows, write_tables
+from clusterrun.config.inventory import parse_inventory
+from clusterrun.sweep.report import plot, rows, write_tables
 
 INV = parse_inventory("version: 1\nhosts: [{host: a}, {host: b, slots: 2}, {host: c}]\n"
                       "job: {script: t.py, args: [--epochs, '1'], shared_dir: /shared}\n", "/p/inv.yaml")

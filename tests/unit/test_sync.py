@@ -6,8 +6,8 @@ import os
 import pytest
 
 from clusterrun.errors import UsageError
-from clusterrun.inventory import DEFAULT_EXCLUDES, Job
-from clusterrun.sync import Excludes, HashCache, build_manifest
+from clusterrun.config.inventory import DEFAULT_EXCLUDES, Job
+from clusterrun.hosts.manifest import Excludes, HashCache, build_manifest
 
 
 @pytest.mark.parametrize("patterns, path, is_dir, excluded", [

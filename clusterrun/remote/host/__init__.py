@@ -1,9 +1,9 @@
 """clusterrun's host program: stdlib only, shipped to each host as one zip, unpacked
-under WORKDIR/bin/agent-<id>/ and run with the host's Python.
+under WORKDIR/bin/host-<id>/ and run with the host's Python.
 
-Usage (by the controller, never by hand): python WORKDIR/bin/agent-<id>/ WORKDIR COMMAND [ARGS...]
+Usage (by the controller, never by hand): python WORKDIR/bin/host-<id>/ WORKDIR COMMAND [ARGS...]
 
-  sync RUN_DIR          receive the job by content hash into RUN_DIR/job (framed stdin/stdout); when
+  receive RUN_DIR       receive the job by content hash into RUN_DIR/job (framed stdin/stdout); when
                         asked, hold the channel and start the run on a later message
   start RUN_DIR         write the spec (0600) from stdin, fork a detached supervisor (it runs the ranks in
                         their own process groups, records exits, forwards stops), print its state

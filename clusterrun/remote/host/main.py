@@ -8,7 +8,7 @@ import time
 
 from .common import CAT_LIMIT, Fail, free_port, reply, send_msg
 from .follow import cmd_follow
-from .receive import cmd_sync
+from .receive import cmd_receive
 from .runstate import cmd_status
 from .stop import cmd_stop
 from .supervise import cmd_start
@@ -25,7 +25,7 @@ def cmd_cat(run_dir, rel):
         with open(path, "rb") as fh:
             data = fh.read(CAT_LIMIT + 1)
     except OSError as exc:
-        raise Fail("cannot read %s: %s" % (rel, exc.strerror), "missing", path)
+        raise Fail("cannot read %s: %s" % (rel, exc.strerror), "missing", path) from None
     if len(data) > CAT_LIMIT:
         raise Fail("%s is larger than %d bytes" % (rel, CAT_LIMIT), "too_big", path)
     sys.stdout.buffer.write(data)
@@ -58,8 +58,8 @@ def main(argv):
         return path
 
     try:
-        if command == "sync":
-            return cmd_sync(workdir, run_dir())
+        if command == "receive":
+            return cmd_receive(workdir, run_dir())
         if command == "start":
             return cmd_start(run_dir())
         if command == "follow":
@@ -77,7 +77,7 @@ def main(argv):
         raise Fail("unknown command %r" % command, "protocol")
     except Fail as exc:
         answer = {"error": str(exc), "kind": exc.kind, "path": exc.path}
-        send_msg(answer) if command == "sync" else reply(answer)  # sync speaks framed messages
+        send_msg(answer) if command == "receive" else reply(answer)  # receive speaks framed messages
         return 1
     except BrokenPipeError:
         return 1

@@ -1,5 +1,14 @@
 """The push's receiving end: objects the content cache lacks arrive framed on stdin, are checked
-against their SHA-256, and the run's job folder is built from hard links to them."""
+against their SHA-256, and the run's job folder is built from hard links to them.
+
+Protocol (framed JSON messages, common.read_msg/send_msg; object bytes raw in between):
+  controller → manifest {files: [[rel, sha256, size, exec]], dirs, symlinks, hold, free_port, check_port,
+                         master_addr}
+  host       → {missing: [sha256...], port, facts}  or  {error, kind, path}
+  controller → the missing objects' bytes, back to back, in the order asked
+  host       → {ok, received, objects, files}  or  {error, kind, path}
+  (hold only) controller → {start: spec};  host → {state}     (end of input instead: the run is removed)
+"""
 
 import errno
 import hashlib
@@ -11,7 +20,6 @@ import sys
 
 from .common import CHUNK, Fail, free_port, read_msg, send_msg
 from .supervise import start_run
-
 
 
 def host_facts(port, master_addr):
@@ -43,106 +51,136 @@ def object_path(cache, sha, executable):
     return os.path.join(cache, sha[:2], sha + ("-x" if executable else ""))
 
 
-def cmd_sync(workdir, run_dir):
+def cmd_receive(workdir, run_dir):
     """Receive objects the host's content cache lacks, then build RUN_DIR/job from hard links."""
-    mine = {"run_dir": False, "created": []}
+    push = Push(workdir, run_dir)
     try:
-        return receive(workdir, run_dir, mine)
+        return push.run()
     except BaseException:
         # The controller went away at any other point (a broken pipe while answering, say): a run folder
         # this push made and that never started must not stay behind, nor the objects it added.
-        if mine["run_dir"] and not os.path.exists(os.path.join(run_dir, "spec.json")):
-            shutil.rmtree(run_dir, ignore_errors=True)
-            for path in mine["created"]:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+        if push.made_run_dir and not os.path.exists(os.path.join(run_dir, "spec.json")):
+            push.undo()
         raise
 
 
-def receive(workdir, run_dir, mine):
-    cache = os.path.join(workdir, "cache", "objects")
-    stdin = sys.stdin.buffer
-    manifest = read_msg(stdin)
-    files = manifest["files"]  # [relpath, sha256, size, executable]
-    for rel, sha, _, _ in files:
-        safe_rel(rel)
-        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-            raise Fail("bad object id %r" % sha, "protocol")
-    missing, seen = [], set()
-    for _, sha, size, exe in files:
-        key = (sha, bool(exe))
-        if key not in seen and not os.path.exists(object_path(cache, sha, exe)):
-            missing.append([sha, size, bool(exe)])
-        seen.add(key)
-    need = sum(size for _, size, _ in missing)
-    os.makedirs(cache, 0o700, exist_ok=True)
-    free = shutil.disk_usage(cache).free
-    if need > free:
-        send_msg({"missing": [], "error": "not enough disk space: the push needs %d bytes, %d free" % (need, free),
-                  "kind": "disk_full", "path": cache})
-        return 1
-    try:
-        os.makedirs(os.path.dirname(run_dir), 0o700, exist_ok=True)
-        os.mkdir(run_dir, 0o700)
-        mine["run_dir"] = True
-    except FileExistsError:
-        send_msg({"missing": [], "error": "run folder already exists", "kind": "exists", "path": run_dir})
-        return 1
-    send_msg({"missing": [sha for sha, _, _ in missing], "port": free_port() if manifest.get("free_port") else None,
-              "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""))})
-    received = 0  # bytes of objects read from the controller so far
-    current = ""
-    created = mine["created"]  # objects this push added to the cache: removed again if the push fails
-    made = set()  # folders known to exist: a makedirs per file was most of a small-file push's time
+class Push:
+    """One push into one run folder; remembers what it made, so a failure can take it all back."""
 
-    def folder(path):
-        if path not in made:
+    def __init__(self, workdir, run_dir):
+        self.cache = os.path.join(workdir, "cache", "objects")
+        self.run_dir = run_dir
+        self.stdin = sys.stdin.buffer
+        self.made_run_dir = False
+        self.created = []  # objects this push added to the cache
+        self.received = 0  # object bytes read from the controller so far
+        self.current = ""  # the path being written (named in an error)
+        self._folders = set()  # folders known to exist: a makedirs per file was most of a small-file push
+
+    def run(self):
+        manifest = read_msg(self.stdin)
+        files = manifest["files"]  # [relpath, sha256, size, executable]
+        missing = self.missing(files)
+        need = sum(size for _, size, _ in missing)
+        refusal = self.refusal(need)
+        if refusal:
+            send_msg(refusal)
+            return 1
+        send_msg({"missing": [sha for sha, _, _ in missing],
+                  "port": free_port() if manifest.get("free_port") else None,
+                  "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""))})
+        try:
+            for sha, size, exe in missing:
+                self.receive_object(sha, size, exe)
+            self.build_tree(manifest, files)
+        except (OSError, Fail) as exc:
+            self.undo()
+            self.drain(need - self.received)  # so that the controller gets to read the answer
+            send_msg(self.answer(exc))
+            return 1
+        send_msg({"ok": True, "received": self.received, "objects": len(missing), "files": len(files)})
+        if manifest.get("hold"):
+            self.hold_for_start()
+        return 0
+
+    def missing(self, files):
+        """[sha, size, exec] of each object the cache lacks, once; every path and id checked first."""
+        for rel, sha, _, _ in files:
+            safe_rel(rel)
+            if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+                raise Fail("bad object id %r" % sha, "protocol")
+        missing, seen = [], set()
+        for _, sha, size, exe in files:
+            key = (sha, bool(exe))
+            if key not in seen and not os.path.exists(object_path(self.cache, sha, exe)):
+                missing.append([sha, size, bool(exe)])
+            seen.add(key)
+        return missing
+
+    def refusal(self, need):
+        """Why this push cannot go ahead (no room, a run folder already there), or None once it is made."""
+        os.makedirs(self.cache, 0o700, exist_ok=True)
+        free = shutil.disk_usage(self.cache).free
+        if need > free:
+            return {"missing": [], "error": "not enough disk space: the push needs %d bytes, %d free" % (need, free),
+                    "kind": "disk_full", "path": self.cache}
+        try:
+            os.makedirs(os.path.dirname(self.run_dir), 0o700, exist_ok=True)
+            os.mkdir(self.run_dir, 0o700)
+        except FileExistsError:
+            return {"missing": [], "error": "run folder already exists", "kind": "exists", "path": self.run_dir}
+        self.made_run_dir = True
+        return None
+
+    def folder(self, path):
+        if path not in self._folders:
             os.makedirs(path, 0o700, exist_ok=True)
-            made.add(path)
+            self._folders.add(path)
 
-    try:
-        for sha, size, exe in missing:
-            final = object_path(cache, sha, exe)
-            current = final
-            folder(os.path.dirname(final))
-            tmp = "%s.tmp-%d" % (final, os.getpid())
-            digest = hashlib.sha256()
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o555 if exe else 0o444)
-            try:
-                left = size
-                while left:
-                    chunk = stdin.read(min(left, CHUNK))
-                    if not chunk:
-                        raise Fail("the controller went away during the push", "aborted")
-                    received += len(chunk)
-                    digest.update(chunk)
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    left -= len(chunk)
+    def receive_object(self, sha, size, exe):
+        """One object from stdin into the cache, hashed as it is written; it enters only if it matches."""
+        final = object_path(self.cache, sha, exe)
+        self.current = final
+        self.folder(os.path.dirname(final))
+        tmp = "%s.tmp-%d" % (final, os.getpid())
+        digest = hashlib.sha256()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o555 if exe else 0o444)
+        try:
+            left = size
+            while left:
+                chunk = self.stdin.read(min(left, CHUNK))
+                if not chunk:
+                    raise Fail("the controller went away during the push", "aborted")
+                self.received += len(chunk)
+                digest.update(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+                left -= len(chunk)
+            os.close(fd)
+            fd = -1
+            if digest.hexdigest() != sha:
+                raise Fail("content of %s arrived corrupted" % sha, "corrupt")
+            os.replace(tmp, final)
+            self.created.append(final)
+        except BaseException:
+            if fd >= 0:
                 os.close(fd)
-                fd = -1
-                if digest.hexdigest() != sha:
-                    raise Fail("content of %s arrived corrupted" % sha, "corrupt")
-                os.replace(tmp, final)
-                created.append(final)
-            except BaseException:
-                if fd >= 0:
-                    os.close(fd)
-                os.unlink(tmp)
-                raise
-        job = os.path.join(run_dir, "job")
+            os.unlink(tmp)
+            raise
+
+    def build_tree(self, manifest, files):
+        """RUN_DIR/job: the folders, a hard link per file into the cache, and the symlinks."""
+        job = os.path.join(self.run_dir, "job")
         os.mkdir(job, 0o700)
-        made.add(job)
+        self._folders.add(job)
         for rel in manifest.get("dirs", []):
-            folder(os.path.join(job, safe_rel(rel)))
+            self.folder(os.path.join(job, safe_rel(rel)))
         for rel, sha, _, exe in files:
             dest = os.path.join(job, safe_rel(rel))
-            current = dest
-            folder(os.path.dirname(dest))
-            src = object_path(cache, sha, exe)
+            self.current = dest
+            self.folder(os.path.dirname(dest))
+            src = object_path(self.cache, sha, exe)
             try:
                 os.link(src, dest)
             except OSError:
@@ -154,34 +192,36 @@ def receive(workdir, run_dir, mine):
                 raise Fail("symlink %s points out of the job (%s)" % (rel, target), "protocol", rel)
             os.makedirs(os.path.dirname(dest), 0o700, exist_ok=True)
             os.symlink(target, dest)
-    except (OSError, Fail) as exc:
-        shutil.rmtree(run_dir, ignore_errors=True)  # nothing has started: leave no partial run behind
-        for path in created:  # and give the space back (the disk may be what is full)
+
+    def undo(self):
+        """Nothing has started: leave no partial run behind, and give the space back (the disk may be full)."""
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        for path in self.created:
             try:
                 os.unlink(path)
             except OSError:
                 pass
-        if isinstance(exc, OSError):
-            kind = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "os"
-            message = os.strerror(exc.errno) if exc.errno else str(exc)
-            exc = Fail(message, kind, current)
-        left = need - received  # take what the controller still sends, so that it gets to read this answer
+
+    def drain(self, left):
+        """Read (and drop) what the controller still sends."""
         while left > 0:
-            chunk = stdin.read(min(left, CHUNK))
+            chunk = self.stdin.read(min(left, CHUNK))
             if not chunk:
                 break
             left -= len(chunk)
-        send_msg({"error": str(exc), "kind": exc.kind, "path": exc.path})
-        return 1
-    send_msg({"ok": True, "received": received, "objects": len(missing), "files": len(files)})
-    if not manifest.get("hold"):
-        return 0
-    # Hold the channel for the start (saves a connection round trip and an interpreter start-up);
-    # end of input instead means the controller is gone or will not start: leave no half-made run.
-    try:
-        message = read_msg(stdin)
-    except Fail:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return 0
-    send_msg({"state": start_run(run_dir, message["start"])})
-    return 0
+
+    def answer(self, exc):
+        if isinstance(exc, OSError):
+            kind = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "os"
+            exc = Fail(os.strerror(exc.errno) if exc.errno else str(exc), kind, self.current)
+        return {"error": str(exc), "kind": exc.kind, "path": exc.path}
+
+    def hold_for_start(self):
+        """Hold the channel for the start (saves a connection round trip and an interpreter start-up); end
+        of input instead means the controller is gone or will not start: leave no half-made run."""
+        try:
+            message = read_msg(self.stdin)
+        except Fail:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return
+        send_msg({"state": start_run(self.run_dir, message["start"])})

@@ -19,7 +19,7 @@ def load_state(run_dir, must_exist=True):
     return spec, state
 
 
-def settle(run_dir, spec, state, check_lost=True):
+def collect_exits(run_dir, spec, state, check_lost=True):
     """Exit records by rank; with check_lost, make up 'lost' ones for ranks gone without a record.
 
     A rank is lost when its supervisor is gone and so is the rank: nobody is left to record its exit.
@@ -52,7 +52,7 @@ def cmd_status(run_dir):
     if spec is None:
         reply({"run_dir": run_dir, "started": False, "ranks": {}})
         return 0
-    exits, sup_alive = settle(run_dir, spec, state)
+    exits, sup_alive = collect_exits(run_dir, spec, state)
     ranks = {}
     for r in spec["ranks"]:
         rank = r["rank"]

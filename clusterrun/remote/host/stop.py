@@ -7,7 +7,7 @@ import time
 
 from .common import read_json, reply, write_json_atomic
 from .procs import rank_live, run_members, same_process, signal_rank
-from .runstate import load_state, settle
+from .runstate import collect_exits, load_state
 
 
 
@@ -24,7 +24,7 @@ def cmd_stop(run_dir, grace):
     while state is None and time.time() < waited:  # a supervisor starting right now reads stop.json first
         time.sleep(0.02)
         state = read_json(os.path.join(run_dir, "state.json"))
-    exits, sup_alive = settle(run_dir, spec, state)
+    exits, sup_alive = collect_exits(run_dir, spec, state)
     sup = (state or {}).get("supervisor", {})
     infos = (state or {}).get("ranks", {})
     pending = [r["rank"] for r in spec["ranks"] if r["rank"] not in exits]
@@ -54,11 +54,11 @@ def cmd_stop(run_dir, grace):
             pass
     waited = time.time() + 2.0
     while time.time() < waited:  # let the supervisor (if any) write the exit records
-        exits, _ = settle(run_dir, spec, state)
+        exits, _ = collect_exits(run_dir, spec, state)
         if len(exits) == len(spec["ranks"]) or not same_process(sup.get("pid"), sup.get("ticks")):
             break
         time.sleep(0.02)
-    exits, sup_alive = settle(run_dir, spec, state)
+    exits, sup_alive = collect_exits(run_dir, spec, state)
     reply({"exits": {str(k): v for k, v in exits.items()}, "killed": killed,
            "left": [r for r in pending if rank_live(run_id, infos.get(str(r), {}))]})
     return 0

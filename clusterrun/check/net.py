@@ -1,0 +1,159 @@
+"""The network and shared-folder rules of `clusterrun check` (pure: facts in, results out).
+
+Why the interface rules look at the hostname: gloo binds to the address the host's own name resolves
+to (ProcessGroupGloo's default device); a name that resolves to 127.0.1.1, as Debian's /etc/hosts
+has it, makes every other host's connection fail. NCCL picks an interface by itself and may choose
+the wrong one where there are several.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Mapping, Optional, Sequence
+
+from .rules import FAIL, OK, SKIP, WARN, CheckResult
+
+
+def _loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def connect_result(net: Mapping, master: str, port: Optional[int], rank0: str, *, skipped: str = "",
+                   seen: Optional[bool] = None) -> CheckResult:
+    """Did this host open a TCP connection to MASTER_ADDR:MASTER_PORT while rank 0's host listened there?
+
+    `seen`: whether rank 0's listener saw this host (None: unknown), so a MASTER_ADDR that leads to
+    some other machine with the port open does not pass.
+    """
+    where = f"{master}:{port}"
+    if "resolve_error" in net:
+        return CheckResult("connect", FAIL, f"cannot resolve MASTER_ADDR {master}: {net['resolve_error']}",
+                           f"set addr: of {rank0} to an address every host can reach (an IP)", "no name")
+    c = net.get("connect")
+    if c is None:
+        return CheckResult("connect", SKIP, skipped or "not tested", "", "·")
+    data = dict(c)
+    status = c.get("status")
+    if status == "ok":
+        if seen is False:
+            return CheckResult("connect", WARN, f"connected to {where}, but {rank0}'s listener did not see this "
+                                                "host: MASTER_ADDR may lead to another machine",
+                               f"check addr: of {rank0}", "not seen", data)
+        return CheckResult("connect", OK, f"{where} in {c.get('ms', 0):.1f} ms", "", f"{c.get('ms', 0):.1f} ms", data)
+    if status == "timeout":
+        return CheckResult("connect", FAIL, f"no answer from {where} within {c.get('seconds', 0):g} s while "
+                                            f"{rank0} listened there: a firewall drops the packets",
+                           f"allow TCP from this host to {rank0} (torch also opens connections on other ports: "
+                           "allow all TCP between the hosts)", "timeout", data)
+    if status == "refused":
+        return CheckResult("connect", FAIL, f"{where} refused the connection although {rank0} listened there: "
+                                            f"a firewall rejects it, or {master} is not {rank0}'s address",
+                           f"check addr: of {rank0} and the firewall rules between the hosts", "refused", data)
+    if status == "unreachable":
+        return CheckResult("connect", FAIL, f"cannot reach {where}: {c.get('error')} (no route)",
+                           f"fix the route from this host to {master}, or set addr: of {rank0} to an address on "
+                           "a network both share", "no route", data)
+    return CheckResult("connect", FAIL, f"connecting to {where} failed: {c.get('error')}", "", "error", data)
+
+
+def _ifname_var(backend: str) -> str:
+    return "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+
+
+def _missing_ifnames(value: str, names: Sequence[str]) -> Sequence[str]:
+    if value.startswith(("^", "=")):  # NCCL's exclude / exact-match syntax: not ours to second-guess
+        return ()
+    wanted = [v.strip() for v in value.split(",") if v.strip()]
+    return [v for v in wanted if v not in names and not any(n.startswith(v) for n in names)]
+
+
+def iface_result(net: Mapping, backend: str, env: Mapping[str, str], multi_host: bool) -> CheckResult:
+    """The address and interface this host uses toward the master, and the *_SOCKET_IFNAME it needs."""
+    var = _ifname_var(backend)
+    ifaces = list(net.get("interfaces") or [])
+    names = [i["name"] for i in ifaces]
+    if "resolve_error" in net:
+        return CheckResult("iface", SKIP, "MASTER_ADDR does not resolve here", "", "·")
+    master_ip = net.get("master_ip", "?")
+    if "route_error" in net:
+        return CheckResult("iface", FAIL, f"no route to {master_ip}: {net['route_error']}",
+                           f"fix the route to {master_ip} on this host", "no route")
+    source = net.get("source", "?")
+    iface = next((i["name"] for i in ifaces if i["addr"] == source), "lo" if _loopback(source) else "?")
+    data = {"source": source, "iface": iface, "master_ip": master_ip, "interfaces": ifaces,
+            "hostname": net.get("hostname"), "hostname_addrs": net.get("hostname_addrs")}
+    where = f"{source} via {iface} to {master_ip}"
+    if multi_host and _loopback(master_ip):
+        return CheckResult("iface", FAIL, f"MASTER_ADDR {master_ip} is a loopback address: other hosts cannot "
+                                          "reach it", "set addr: of rank 0's host to its network address",
+                           "loopback", data)
+    if env.get(var):
+        missing = _missing_ifnames(env[var], names)
+        if missing:
+            return CheckResult("iface", FAIL, f"{var}={env[var]} but this host has no IPv4 interface "
+                                              f"{', '.join(missing)} (it has {', '.join(names) or 'none'})",
+                               f"set {var}={iface} in this host's env:", "bad ifname", data)
+        return CheckResult("iface", OK, f"{where}; {var}={env[var]}", "", iface, data)
+    fix = f"set env: {{{var}: {iface}}} for this host in the inventory"
+    if backend != "nccl" and multi_host:
+        addrs = [a for a in (net.get("hostname_addrs") or []) if ":" not in a]
+        own = {i["addr"]: i["name"] for i in ifaces}
+        hostname = net.get("hostname", "?")
+        if "hostname_error" in net or not addrs:
+            return CheckResult("iface", FAIL, f"hostname {hostname} does not resolve here "
+                                              f"({net.get('hostname_error', 'no IPv4 address')}): gloo would fall "
+                                              "back to loopback", fix, "hostname", data)
+        if all(_loopback(a) for a in addrs):
+            return CheckResult("iface", FAIL, f"hostname {hostname} resolves to {', '.join(addrs)}: gloo would "
+                                              "bind to loopback and the other hosts cannot reach this one",
+                               fix + f", or map {hostname} to {source} in /etc/hosts", "loopback name", data)
+        bound = next((own[a] for a in addrs if a in own), None)
+        if bound is None:
+            return CheckResult("iface", FAIL, f"hostname {hostname} resolves to {', '.join(addrs)}, not an "
+                                              "address of this host: gloo would fall back to loopback",
+                               fix, "hostname", data)
+        if bound != iface:
+            return CheckResult("iface", WARN, f"gloo would use {bound} (the hostname's address), but traffic to "
+                                              f"the master leaves via {iface}", fix, f"{bound}≠{iface}", data)
+    several = [i["name"] for i in ifaces if i.get("up") and not _loopback(i["addr"])]
+    if len(several) > 1:
+        text = f"{where}; {len(several)} interfaces ({', '.join(several)})"
+        if backend == "nccl":
+            return CheckResult("iface", WARN, text + f": NCCL may pick another one than {iface}", fix, iface, data)
+        return CheckResult("iface", OK, text, fix, iface, data)
+    return CheckResult("iface", OK, where, "", iface, data)
+
+
+def shared_result(init_method: str, shared_dir: Optional[str], rank0: str, *, is_rank0: bool,
+                  written: Optional[Mapping], read: Optional[Mapping]) -> CheckResult:
+    """For init_method file: rank 0's host wrote a token file in shared_dir; did this host see it?"""
+    if init_method != "file":
+        return CheckResult("shared", SKIP, f"init_method {init_method}: no shared folder needed", "", "·")
+    fix = "mount one shared folder (NFS, CephFS, ...) at the same path on every host and set job.shared_dir to it"
+    if written is None:
+        return CheckResult("shared", SKIP, f"{rank0} was not checked", "", "·")
+    if written.get("status") != "ok":
+        if not is_rank0:
+            return CheckResult("shared", SKIP, f"{rank0} could not write its test file", "", "·")
+        return CheckResult("shared", FAIL, f"cannot write in {shared_dir}: {written.get('error')}", fix, "no write")
+    if is_rank0:
+        return CheckResult("shared", OK, f"wrote a test file in {shared_dir}", "", "wrote")
+    if read is None:
+        return CheckResult("shared", SKIP, "not read", "", "·")
+    data = dict(read)
+    if not read.get("dir_exists"):
+        return CheckResult("shared", FAIL, f"{shared_dir} does not exist on this host", fix, "no folder", data)
+    if read.get("status") == "missing":
+        return CheckResult("shared", FAIL, f"{shared_dir} is not shared with {rank0}: the file {rank0} wrote there "
+                                           "is not here", fix, "not shared", data)
+    if read.get("status") != "ok":
+        return CheckResult("shared", FAIL, f"{shared_dir}: the test file of {rank0} reads differently here "
+                                           f"({read.get('error') or 'other content'})", fix, "differs", data)
+    if not read.get("writable"):
+        return CheckResult("shared", FAIL, f"{shared_dir} is shared but not writable here: torch's file store "
+                                           "opens its file read-write on every rank",
+                           f"make {shared_dir} writable for this user", "read-only", data)
+    return CheckResult("shared", OK, f"sees {rank0}'s test file in {shared_dir}", "", "shared", data)

@@ -1,0 +1,351 @@
+"""`clusterrun check`: a preflight doctor for every host (launch's fast subset is launch/preflight.py).
+
+One pass, every host in parallel and none waiting for another except for rank 0's listener:
+connect → (rank 0's host) bind the master port and write a token in the shared folder → on each host
+one probe (clock, Python, torch in a child process, disk, the route to the master and a real TCP
+connection to the master port, the token) → stop the listener → judge all facts together (rules.py,
+net.py), since some verdicts (versions that differ) need every host.
+
+Adding a check: gather its fact in remote/probe.py (`facts`), write its pure rule in rules.py or
+net.py, and give it a judge in JUDGES below; CHECKS (the columns) follows JUDGES' order.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+from ..config.inventory import Host, Inventory
+from ..errors import ClusterrunError, HostError, RemoteCommandError
+from ..hosts.client import HostClient, make_connect
+from ..hosts.group import fan_out
+from .net import connect_result, iface_result, shared_result
+from .probe import Listener, ProbeAnswer, Started, run_probe
+from .rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result, clock_skew,
+                    cuda_result, disk_result, port_text, probe_failed, python_results, shell_noise, ssh_failed,
+                    torch_results)
+
+PROBE_CONNECT_S = 3.0  # a firewall that drops packets makes the test connection wait this long, at most
+LISTENER_LINGER_S = 1.0  # how long to wait for the listener to report connections the hosts made
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one host showed: its ssh verdict, and the probe's answer or why there is none."""
+
+    host: Host
+    node_rank: int
+    ssh: CheckResult
+    answer: Optional[ProbeAnswer] = None
+    failure: Optional[CheckResult] = None  # the python verdict when the probe gave no facts
+    reach: Optional[Mapping] = None  # the reach probe's answer: connect to the master port, shared token
+
+    @property
+    def facts(self) -> Optional[dict]:
+        found = self.answer.find("facts") if self.answer else None
+        return found[1]["facts"] if found and self.failure is None else None
+
+
+@dataclass(frozen=True)
+class ListenerSeen:
+    """Rank 0's listener after it was stopped: its ready line (bind, token file), or why it never started."""
+
+    ready: Mapping
+    error: str
+    peers: Tuple[Tuple[str, str], ...]
+
+
+def _master(inv: Inventory) -> Tuple[str, Optional[int]]:
+    if inv.job.script is None:  # a bare hostfile: same rule as the plan's, without needing a script
+        return inv.hosts[0].master_addr, inv.master_port
+    from ..plan import build_plan
+
+    plan = build_plan(inv, "check")
+    return plan.master_addr, plan.master_port
+
+
+def _push_size(inv: Inventory) -> Tuple[Optional[int], str]:
+    if inv.job.script is None:
+        return None, ""
+    from ..hosts.manifest import HashCache, build_manifest
+
+    try:
+        return build_manifest(inv.job, HashCache(None)).total_bytes, ""
+    except ClusterrunError as exc:
+        return None, str(exc)
+
+
+def _ssh_ok(host: Host, seconds: float) -> CheckResult:
+    if host.connection == "local":
+        return CheckResult("ssh", OK, "local host (no SSH)", "", "local")
+    meaning = {"strict": "strict: unknown hosts refused",
+               "accept-new": "accept-new: new hosts recorded, changed keys refused"}.get(host.host_key_policy, "")
+    return CheckResult("ssh", OK, f"{host.user + '@' if host.user else ''}{host.host} in {seconds * 1000:.0f} ms; "
+                                  f"host key verified ({meaning})", "",
+                       f"{seconds * 1000:.0f} ms", {"seconds": round(seconds, 4), "policy": host.host_key_policy})
+
+
+def _no_answer(exc: HostError, python: str) -> CheckResult:
+    if isinstance(exc, RemoteCommandError) and exc.exit_code == 127:
+        return probe_failed(python, 127, exc.message)
+    return CheckResult("python", FAIL, f"{exc.reason}: {exc.message}", exc.hint, "no answer")
+
+
+def _reach(client: HostClient, node_rank: int, listener: object, master_addr: str, shared_file: Optional[str],
+           token: str, connect_timeout: float, timeout: float) -> Optional[dict]:
+    """The connection to rank 0's listener and the read of its token file, while both exist."""
+    if not isinstance(listener, Listener):
+        return None
+    written = (listener.ready.get("shared") or {}).get("status") == "ok"
+    opts = {"master_addr": master_addr, "port": listener.port, "connect_timeout": connect_timeout,
+            "name": client.host.name, "shared_file": shared_file if written and node_rank else None, "token": token}
+    if not opts["port"] and not opts["shared_file"]:
+        return None
+    try:
+        found = run_probe(client.transport, client.host.python, "reach", opts, timeout=timeout).find("reach")
+    except HostError as exc:
+        return {"connect": {"status": "error", "error": f"{exc.reason}: {exc.message}"}}
+    return found[1]["reach"] if found else None
+
+
+class _Session:
+    """One `check`: the hosts' connections, and rank 0's listener that every host's probe connects to."""
+
+    def __init__(self, inv: Inventory, connect: Callable[[Host], HostClient]):
+        self.inv = inv
+        self.connect = connect
+        self.master_addr, self.wanted_port = _master(inv)
+        self.token = secrets.token_hex(8)
+        self.shared_file = f"{inv.job.shared_dir.rstrip('/')}/.clusterrun-check-{self.token}" \
+            if inv.job.init_method == "file" and inv.job.shared_dir else None
+        self.ready = threading.Event()  # rank 0's listener started, or will not
+        self.listener: Optional[Listener] = None
+        self.listener_error = ""
+        self.clients: List[HostClient] = []
+        self._lock = threading.Lock()
+
+    def observe(self, node_rank: int, host: Host) -> Observed:
+        try:
+            return self._observe(node_rank, host)
+        except Exception as exc:  # a bug or an unexpected library error: still report every other host
+            return Observed(host, node_rank, CheckResult("ssh", FAIL, f"check failed: {exc!r}", "", "error"))
+        finally:
+            if node_rank == 0:
+                self.ready.set()  # whatever happened, the other hosts must not wait for a listener
+
+    def _observe(self, node_rank: int, host: Host) -> Observed:
+        t = self.inv.timeouts
+        started = time.monotonic()
+        try:
+            client = self.connect(host)
+        except HostError as exc:
+            return Observed(host, node_rank, ssh_failed(exc))
+        with self._lock:
+            self.clients.append(client)
+        ssh = _ssh_ok(host, time.monotonic() - started)
+        deadline = time.monotonic() + t.command
+        try:  # first, so that the slow torch import overlaps everything else
+            facts = Started(client.transport, host.python, "facts", {
+                "workdir": host.workdir, "master_addr": self.master_addr, "torch": True, "env": dict(host.env),
+                "torch_timeout": max(1.0, t.command - 2)})
+            facts.early("time", deadline)
+        except HostError as exc:
+            return Observed(host, node_rank, ssh, failure=_no_answer(exc, host.python))
+        try:
+            reach = self._rendezvous(node_rank, client)
+        except BaseException:
+            facts.close()
+            raise
+        try:
+            answer = facts.collect(deadline)
+        except HostError as exc:
+            return Observed(host, node_rank, ssh, failure=_no_answer(exc, host.python), reach=reach)
+        if answer.find("facts") is None:
+            return Observed(host, node_rank, ssh, answer, probe_failed(host.python, answer.exit_code, answer.stderr),
+                            reach)
+        return Observed(host, node_rank, ssh, answer, reach=reach)
+
+    def _rendezvous(self, node_rank: int, client: HostClient) -> Optional[dict]:
+        """Rank 0's host starts the listener (and writes the token); every host then connects to it."""
+        t = self.inv.timeouts
+        if node_rank == 0:
+            try:
+                self.listener = Listener(client.transport, client.host.python, {
+                    "port": self.wanted_port or 0, "master_addr": self.master_addr, "expect": len(self.inv.hosts),
+                    "deadline": t.connect + 2 * t.command, "shared_file": self.shared_file, "token": self.token},
+                    timeout=t.command)
+            except HostError as exc:
+                self.listener_error = f"{exc.reason}: {exc.message}"
+            finally:
+                self.ready.set()
+        else:
+            self.ready.wait(t.connect + t.command)
+        return _reach(client, node_rank, self.listener, self.master_addr, self.shared_file, self.token,
+                      min(PROBE_CONNECT_S, t.connect), t.command)
+
+    def finish(self, observed: List[Observed]) -> Optional[ListenerSeen]:
+        """Stop the listener (once it saw the hosts that connected) and say what it saw."""
+        if self.listener is not None:
+            connected = [o.host.name for o in observed if ((o.reach or {}).get("connect") or {}).get("status") == "ok"]
+            self.listener.finish(connected, LISTENER_LINGER_S)
+            return ListenerSeen(self.listener.ready, self.listener.error, tuple(self.listener.peers))
+        if self.listener_error:
+            return ListenerSeen({}, self.listener_error, ())
+        return None
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
+def run_checks(inv: Inventory, *, connect: Optional[Callable[[Host], HostClient]] = None) -> Report:
+    """Check every host of inv in parallel and judge the facts; never raises for a host's problem."""
+    t0 = time.monotonic()
+    session = _Session(inv, connect or make_connect(inv.timeouts))
+    sizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="check-push")
+    try:
+        push = sizing.submit(_push_size, inv)  # hashing the job overlaps the network work
+        hosts = list(enumerate(inv.hosts))
+        found = fan_out(hosts, lambda item: session.observe(*item), key=lambda item: item[0],
+                        name=lambda item: item[1].name, thread_name="check")
+        observed = [found.results[i] for i, _ in hosts]
+        seen = session.finish(observed)
+        push_bytes, push_error = push.result()
+    finally:
+        session.close()
+        sizing.shutdown(wait=False)
+    return evaluate(inv, observed, seen, session.master_addr, session.wanted_port, push_bytes, push_error,
+                    seconds=time.monotonic() - t0)
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every host's judges may look at: the inventory, the verdicts across hosts, the listener."""
+
+    inv: Inventory
+    master_addr: str
+    wanted_port: Optional[int]
+    port: Optional[int]  # what was tested: the bound port, or the wanted one
+    bound: Mapping  # rank 0's bind of the master port ({} when it was not tried)
+    ready: Mapping  # the listener's ready line ({} when it did not start)
+    no_test: str  # why the connection test could not run ("" when it did)
+    peers: Optional[frozenset]  # names the listener saw (None: unknown)
+    multi_machine: bool
+    pythons: Mapping[str, CheckResult]
+    torches: Mapping[str, CheckResult]
+    push_bytes: Optional[int]
+    push_error: str
+
+    @property
+    def rank0(self) -> str:
+        return self.inv.hosts[0].name
+
+
+Judge = Callable[[_Context, Observed, dict], CheckResult]
+
+
+def _python(c: _Context, o: Observed, f: dict) -> CheckResult:
+    return c.pythons[o.host.name]
+
+
+def _torch(c: _Context, o: Observed, f: dict) -> CheckResult:
+    return c.torches.get(o.host.name) or CheckResult("torch", SKIP, "not probed", "", "·")
+
+
+def _cuda(c: _Context, o: Observed, f: dict) -> CheckResult:
+    torch = f.get("torch", {})
+    if "version" not in torch:
+        return CheckResult("cuda", SKIP, "torch does not import", "", "·")
+    return cuda_result(c.inv.job.backend, o.host.slots, torch)
+
+
+def _port(c: _Context, o: Observed, f: dict) -> CheckResult:
+    if o.node_rank != 0:
+        return CheckResult("port", SKIP, f"checked on {c.rank0} (rank 0's host)", "", "·")
+    return port_text(c.bound, c.wanted_port, o.host.name) if c.bound else CheckResult("port", SKIP, c.no_test, "", "·")
+
+
+def _connect(c: _Context, o: Observed, f: dict) -> CheckResult:
+    net = {**f["net"], **({"connect": o.reach["connect"]} if o.reach and "connect" in o.reach else {})}
+    return connect_result(net, c.master_addr, c.port, c.rank0, skipped=c.no_test,
+                          seen=None if c.peers is None else o.host.name in c.peers)
+
+
+def _iface(c: _Context, o: Observed, f: dict) -> CheckResult:
+    return iface_result(f["net"], c.inv.job.backend, o.host.env, c.multi_machine)
+
+
+def _disk(c: _Context, o: Observed, f: dict) -> CheckResult:
+    return disk_result(f["disk"], c.push_bytes, c.push_error)
+
+
+def _shared(c: _Context, o: Observed, f: dict) -> CheckResult:
+    return shared_result(c.inv.job.init_method, c.inv.job.shared_dir, c.rank0, is_rank0=o.node_rank == 0,
+                         written=c.ready.get("shared") if c.ready else None, read=(o.reach or {}).get("shared"))
+
+
+def _clock(c: _Context, o: Observed, f: dict) -> CheckResult:
+    stamp = o.answer.find("time") if o.answer else None
+    if not stamp:
+        return CheckResult("clock", SKIP, "no time reading", "", "·")
+    return clock_result(o.answer.sent, stamp[1]["time"], stamp[0])
+
+
+# Every check after ssh, in the order of the report's columns (rules.CHECKS must list the same names).
+JUDGES: Dict[str, Judge] = {"python": _python, "torch": _torch, "cuda": _cuda, "port": _port, "connect": _connect,
+                            "iface": _iface, "disk": _disk, "shared": _shared, "clock": _clock}
+
+
+def _context(inv: Inventory, observed: List[Observed], listener: Optional[ListenerSeen], master_addr: str,
+             wanted_port: Optional[int], push_bytes: Optional[int], push_error: str) -> Tuple[_Context, List[str]]:
+    rank0 = inv.hosts[0].name
+    facts = {o.host.name: o.facts for o in observed if o.facts}
+    pythons, notes = python_results(facts)
+    torches, torch_notes = torch_results({h: f["torch"] for h, f in facts.items() if "torch" in f},
+                                         {h: f["executable"] for h, f in facts.items()})
+    ready = listener.ready if listener else {}
+    bound = ready.get("port") or {}
+    if listener is None:
+        no_test = f"{rank0} was not reachable"
+    elif not ready:
+        no_test = f"no listener on {rank0}: {listener.error}"
+    else:
+        no_test = "" if bound.get("free") else f"the master port could not be bound on {rank0}"
+    # local hosts share this machine: loopback and a loopback hostname are fine among them
+    machines = len({"local" if h.connection == "local" else h.master_addr for h in inv.hosts})
+    context = _Context(inv, master_addr, wanted_port, bound.get("port") if bound.get("free") else wanted_port,
+                       bound, ready, no_test,
+                       frozenset(name for _, name in listener.peers) if listener and ready else None,
+                       machines > 1, pythons, torches, push_bytes, push_error)
+    return context, notes + torch_notes
+
+
+def evaluate(inv: Inventory, observed: List[Observed], listener: Optional[ListenerSeen], master_addr: str,
+             wanted_port: Optional[int], push_bytes: Optional[int], push_error: str = "",
+             seconds: float = 0.0) -> Report:
+    """Every host's results, in CHECKS order, from what the hosts showed (pure)."""
+    context, notes = _context(inv, observed, listener, master_addr, wanted_port, push_bytes, push_error)
+    skews = {}
+    hosts = []
+    for o in observed:
+        f = o.facts
+        noise = shell_noise(o.answer.noise) if o.answer else None
+        results = [noise or (replace(o.ssh, detail=o.ssh.detail + "; the login shell runs commands") if f else o.ssh)]
+        if f is None:
+            results.append(o.failure or CheckResult("python", SKIP, "host not reachable", "", "·"))
+            why = "host not reachable" if o.ssh.status == FAIL else "the probe did not run"
+            results += [CheckResult(c, SKIP, why, "", "·") for c in CHECKS[2:]]
+        else:
+            results += [judge(context, o, f) for judge in JUDGES.values()]
+            stamp = o.answer.find("time") if o.answer else None
+            if stamp:
+                skews[o.host.name] = clock_skew(o.answer.sent, stamp[1]["time"], stamp[0])[0]
+        hosts.append(HostReport(o.host.name, o.node_rank, tuple(results)))
+    if len(skews) > 1 and max(skews.values()) - min(skews.values()) > SKEW_WARN_S:
+        notes.append(f"clocks differ by {max(skews.values()) - min(skews.values()):.1f} s between "
+                     f"{max(skews, key=skews.get)} and {min(skews, key=skews.get)}")
+    return Report(tuple(hosts), master_addr, context.port, seconds, tuple(notes))

@@ -1,0 +1,59 @@
+"""What the commands share: loading an inventory as the CLI does, secrets from this shell, the registry,
+connecting to a recorded run's hosts, and forwarding Ctrl-C/TERM/HUP to whatever is running."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from typing import Callable, Iterator, Optional, Sequence, Tuple
+
+from ..config.inventory import Inventory, load_inventory, with_overrides
+from ..errors import SecretMissing
+
+STOP_SIGNALS: Tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def load(path: str, script: Optional[str] = None, args: Optional[Sequence[str]] = None) -> Inventory:
+    """The inventory with --script and -- ARGS applied, SSH hosts' addresses filled from ~/.ssh/config."""
+    inv = with_overrides(load_inventory(path), script=script, args=list(args) if args else None)
+    if any(h.connection == "ssh" for h in inv.hosts):
+        from ..config.ssh_config import with_config_addresses
+        from ..transport.ssh import config_options
+
+        inv = with_config_addresses(inv, config_options())
+    return inv
+
+
+def secrets_of(inv: Inventory) -> dict:
+    missing = [name for name in inv.secrets if name not in os.environ]
+    if missing:
+        raise SecretMissing(f"{inv.path}: secrets {', '.join(missing)} are not set in this shell's environment "
+                            "(clusterrun takes secret values only from there)")
+    return {name: os.environ[name] for name in inv.secrets}
+
+
+def store():
+    from ..registry.store import RunStore
+
+    return RunStore()
+
+
+def connect_for(record):
+    """A connect function for the hosts of a recorded run, with the timeouts it was launched with."""
+    from ..config.inventory import Timeouts
+    from ..hosts.client import make_connect
+
+    return make_connect(Timeouts(**(record.snapshot.get("timeouts") or {})))
+
+
+@contextlib.contextmanager
+def forward_signals(handler: Callable[[], None], signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterator[None]:
+    """Call handler() (from the signal handler: it must only record the wish) on each of these signals while
+    the block runs; the previous handlers come back after it."""
+    previous = {sig: signal.signal(sig, lambda signum, frame: handler()) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,78 @@
+"""`clusterrun launch`: plan, then run (or only show the plan with --dry-run)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Sequence
+
+import click
+
+from ..config.inventory import Inventory, check_job_files
+from .common import forward_signals, load, secrets_of, store
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--script", help="Training script (overrides job.script), relative to this directory.")
+@click.option("--dry-run", is_flag=True, help="Show the rank table and each host's command; touch nothing.")
+@click.option("--detach", is_flag=True, help="Return once every rank has started; print the run id.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
+@click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
+def launch(inventory: str, script: Optional[str], dry_run: bool, detach: bool, as_json: bool,
+           job_args: Sequence[str]) -> int:
+    """Push the job to every host of INVENTORY, start all ranks, stream their logs, stop all on failure.
+
+    Arguments after `--` replace job.args: clusterrun launch inv.yaml -- --epochs 3
+    """
+    from ..registry.store import new_run_id
+
+    inv = load(inventory, script, job_args)
+    check_job_files(inv)
+    run_id = new_run_id()
+    if dry_run:  # shows secret names only, so it needs no values
+        return _dry_run(inv, run_id, as_json)
+    return _launch(inv, run_id, secrets_of(inv), detach)
+
+
+def _dry_run(inv: Inventory, run_id: str, as_json: bool) -> int:
+    from ..plan import MASK, build_plan, plan_to_dict
+    from ..ui.console import console
+    from ..ui.tables import show_plan
+
+    plan = build_plan(inv, run_id)
+    if as_json:
+        data = plan_to_dict(plan)
+        data["secrets"] = {name: MASK for name in plan.secret_names}
+        click.echo(json.dumps(data, indent=2))
+    else:
+        show_plan(plan, console(stderr=False))
+    return 0
+
+
+def _launch(inv: Inventory, run_id: str, secrets: dict, detach: bool) -> int:
+    from rich.text import Text
+
+    from ..hosts.client import make_connect
+    from ..hosts.manifest import HashCache
+    from ..launch.runner import Runner
+    from ..states import RunState
+    from ..ui.run_view import RunView
+
+    registry = store()
+    view = RunView(secrets=secrets.values())
+    runner = Runner(inv, run_id, store=registry, connect=make_connect(inv.timeouts), secrets=secrets,
+                    emit=view.handle, detach=detach, hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
+    view.err.print(Text(f"run {run_id}: {sum(h.slots for h in inv.hosts)} ranks on {len(inv.hosts)} hosts",
+                        style="bold"))
+    try:
+        with forward_signals(runner.interrupt):
+            outcome = runner.run()
+    finally:
+        view.close()
+    view.outcome(outcome)
+    if detach and outcome.state is RunState.RUNNING:
+        click.echo(run_id)
+        view.err.print(Text(f"detached: `clusterrun logs -f {run_id}`, `clusterrun ps`, `clusterrun stop {run_id}`",
+                            style="dim"))
+    return outcome.exit_code

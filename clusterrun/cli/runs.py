@@ -1,0 +1,125 @@
+"""`clusterrun ps`, `logs` and `stop`: commands on recorded runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional, Sequence
+
+import click
+
+from ..errors import EXIT_CONNECT, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from .common import connect_for, forward_signals, store
+
+
+def _complete_runs(ctx, param, incomplete):
+    try:
+        return [i for i in store().ids(limit=50) if i.startswith(incomplete)] + \
+            (["latest"] if "latest".startswith(incomplete) else [])
+    except Exception:  # completion must never crash the shell
+        return []
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("-n", "--last", default=20, show_default=True, help="How many runs to list.")
+@click.option("--no-reconcile", is_flag=True, help="Only read the registry; do not ask hosts.")
+def ps(as_json: bool, last: int, no_reconcile: bool) -> int:
+    """List runs; runs whose controller is gone are brought up to date by asking their hosts."""
+    from ..registry.runs import reconcile
+
+    registry = store()
+    records = []
+    for run_id in registry.ids(limit=last):
+        record = registry.get(run_id)
+        problems = {}
+        if not no_reconcile and (not record.terminal or record.cleanup_pending):
+            record, problems = reconcile(registry, run_id, connect_for(record))
+        records.append((record, problems))
+    if as_json:
+        click.echo(json.dumps([{**r.to_json(), "unreachable": {k: str(v) for k, v in p.items()}}
+                               for r, p in records], indent=2))
+        return EXIT_OK
+    from ..ui.console import console
+    from ..ui.tables import show_runs
+
+    show_runs(records, console(stderr=False))
+    return EXIT_OK
+
+
+@click.command()
+@click.argument("run", required=False, shell_complete=_complete_runs)
+@click.option("-f", "--follow", is_flag=True, help="Keep following until every rank has ended.")
+@click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")
+@click.option("--tail", type=int, default=None, help="Only the last N lines of each rank first.")
+def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[int]) -> int:
+    """Show (or follow) the logs of RUN (an id, a unique prefix, or `latest`), fetched from its hosts."""
+    from rich.text import Text
+
+    from ..hosts.logs import LineSplitter, tail_lines
+    from ..registry.runs import fetch_logs
+    from ..ui.console import LogPrinter, console
+
+    registry = store()
+    run_id = registry.resolve(run)
+    record = registry.get(run_id)
+    # mask the run's secrets where this shell has their values
+    names = record.plan.get("secret_names", [])
+    printer = LogPrinter(secrets=[os.environ[n] for n in names if n in os.environ])
+    host_of = {r.rank: r.host for r in record.ranks}
+    wanted = set(ranks) if ranks else set(host_of)
+    unknown = wanted - set(host_of)
+    if unknown:
+        raise UsageError(f"run {run_id} has no rank {', '.join(map(str, sorted(unknown)))} "
+                         f"(it has ranks 0-{len(host_of) - 1})")
+    err = console(stderr=True)
+
+    def show_copies() -> None:
+        for rank in sorted(wanted):
+            path = registry.log_path(run_id, rank)
+            if tail is not None:
+                data = "".join(line + "\n" for line in tail_lines(path, tail)).encode()
+                if data:
+                    printer.write(host_of[rank], rank, data)
+                continue
+            splitter = LineSplitter()
+            with open(path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    printer.write(host_of[rank], rank, splitter.feed(chunk))
+            printer.write(host_of[rank], rank, splitter.flush())
+
+    stop_flag: List[bool] = []
+    with forward_signals(lambda: stop_flag.append(True)):
+        fetch_logs(registry, run_id, connect_for(record), follow=follow, stop_flag=stop_flag,
+                   on_lines=lambda ev: ev.rank in wanted and printer.write(ev.host, ev.rank, ev.data),
+                   on_problem=lambda text: err.print(Text(text, style="yellow")),
+                   before_follow=show_copies)
+    if not follow:
+        show_copies()
+    return EXIT_INTERRUPTED if stop_flag else EXIT_OK
+
+
+@click.command()
+@click.argument("run", required=False, shell_complete=_complete_runs)
+@click.option("--grace", type=float, default=None, help="Seconds between TERM and KILL (default: the inventory's).")
+def stop(run: Optional[str], grace: Optional[float]) -> int:
+    """Stop every rank of RUN by its recorded process group (TERM, grace, KILL). Safe to repeat."""
+    from rich.text import Text
+
+    from ..registry.runs import stop_run
+    from ..ui.console import console
+
+    registry = store()
+    run_id = registry.resolve(run)
+    record = registry.get(run_id)
+    grace = grace if grace is not None else float((record.snapshot.get("timeouts") or {}).get("grace", 10))
+    record, failures = stop_run(registry, run_id, connect_for(record), grace)
+    err = console(stderr=True)
+    for name, exc in failures.items():
+        err.print(Text(f"{name}: not stopped: {exc}", style="bold red"))
+    err.print(Text(f"run {run_id}: {record.state.value}" + (f" ({record.reason})" if record.reason else ""),
+                   style="bold"))
+    if failures:
+        err.print(Text("run `clusterrun stop` again once those hosts are reachable", style="yellow"))
+        return EXIT_CONNECT
+    return EXIT_OK

@@ -1,0 +1,104 @@
+"""`clusterrun sweep`: the grid of runs, its progress lines, and the results table."""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence
+
+import click
+
+from ..config.inventory import check_job_files
+from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from .common import forward_signals, load, secrets_of, store
+
+def _int_list(text: str, option: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}", param_hint=option) from None
+    if not values:
+        raise click.BadParameter("give at least one value", param_hint=option)
+    return values
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--nodes", default="1", show_default=True, help="Node counts (the first n hosts), e.g. 1,2,4.")
+@click.option("--batch-size", "batch_sizes", default="64", show_default=True, help="Per-rank batch sizes, e.g. 32,64.")
+@click.option("--init-method", "init_methods", default=None, help="e.g. tcp,file (default: the inventory's).")
+@click.option("--data-size", "data_sizes", default=None, help="Training samples, e.g. 1000,4000 (--data-size K).")
+@click.option("--repeat", default=1, show_default=True, help="Runs per point.")
+@click.option("--out", "out_dir", default=None, help="Results folder (default: sweeps/<sweep id>).")
+@click.option("--metrics", "metrics_path", default="out/metrics.json", show_default=True,
+              help="Rank 0's metrics file, relative to the job folder.")
+@click.option("--fail-fast", is_flag=True, help="Stop at the first failed point.")
+@click.option("--logs", "show_logs", is_flag=True, help="Show the ranks' output too.")
+@click.option("--note", default=None, help="A line under the plots' titles (say what machines these were).")
+@click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
+def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[str], data_sizes: Optional[str],
+          repeat: int, out_dir: Optional[str], metrics_path: str, fail_fast: bool, show_logs: bool,
+          note: Optional[str], job_args: Sequence[str]) -> int:
+    """Run a grid of ordinary runs (nodes x batch size x init method x data size) and plot the results.
+
+    Re-running the same command resumes: points already done are skipped.
+    """
+    from rich.text import Text
+
+    from ..events import LogLines
+    from ..hosts.manifest import HashCache
+    from ..sweep import grid as sw
+    from ..sweep.report import plot, rows, write_tables
+    from ..ui.console import LogPrinter, console
+    from ..ui.tables import show_sweep
+
+    inv = load(inventory)
+    check_job_files(inv)
+    node_counts = _int_list(nodes, "--nodes")
+    methods = (init_methods or inv.job.init_method).split(",")
+    sizes = _int_list(data_sizes, "--data-size") if data_sizes else [None]
+    sw.check_grid(inv, node_counts, methods)
+    args = list(job_args) if job_args else list(inv.job.args)
+    points = sw.grid(node_counts, _int_list(batch_sizes, "--batch-size"), methods, sizes, repeat)
+    ident = sw.sweep_id(inv, points, args)
+    folder = out_dir or os.path.join("sweeps", ident)
+    state = sw.SweepState(folder, ident, points)
+    registry = store()
+    secrets = secrets_of(inv)
+    printer = LogPrinter(secrets=secrets.values())
+    err = console(stderr=True)
+
+    def on_run_event(ev) -> None:
+        if show_logs and isinstance(ev, LogLines):
+            printer.write(ev.host, ev.rank, ev.data)
+
+    runner = sw.PointRunner(store=registry, secrets=secrets, emit=on_run_event, metrics_path=metrics_path,
+                            hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
+
+    def on_point(ev: "sw.PointEvent") -> None:
+        style = {"succeeded": "green", "failed": "bold red", "interrupted": "yellow",
+                 "skipped": "dim"}.get(ev.status, "")
+        text = f"[{ev.index}/{ev.total}] {ev.point.key}: {ev.status}"
+        if ev.status not in ("starting", "skipped"):
+            text += f" in {ev.seconds:.1f} s"
+        if ev.run_id:
+            text += f" (run {ev.run_id})"
+        if ev.detail:
+            text += f": {ev.detail}"
+        err.print(Text(text, style=style))
+
+    with forward_signals(runner.interrupt):
+        finished = sw.run_sweep(inv, points, args, state, runner, on_point, fail_fast=fail_fast,
+                                interrupted=lambda: runner.interrupted)
+    table = rows(sw.points_in(state, points))
+    written = write_tables(folder, table)
+    try:
+        written += plot(folder, table, note=note or f"{len(inv.hosts)}-host inventory {os.path.basename(inventory)}")
+    except ImportError:
+        err.print(Text("matplotlib is not installed: no plots (pip install 'clusterrun[plots]')", style="yellow"))
+    show_sweep(table, err)
+    err.print(Text("results: " + ", ".join(written), style="dim"))
+    failed = [r for r in table if r["status"] != "succeeded"]
+    if runner.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if failed or not finished else EXIT_OK
+

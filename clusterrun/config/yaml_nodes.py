@@ -1,0 +1,195 @@
+"""Typed reading of YAML nodes that keeps file:line:col and the key path of every value.
+
+The inventory is validated on the composed node tree rather than on loaded Python objects, so every
+problem can point at its place in the file, duplicate keys can be seen at all, and a YAML boolean
+(`yes`, `off`) can be told apart from the string the user meant.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+from ..errors import InventoryError, Problem
+
+STR = "tag:yaml.org,2002:str"
+INT = "tag:yaml.org,2002:int"
+FLOAT = "tag:yaml.org,2002:float"
+BOOL = "tag:yaml.org,2002:bool"
+NULL = "tag:yaml.org,2002:null"
+MAP = "tag:yaml.org,2002:map"
+SEQ = "tag:yaml.org,2002:seq"
+
+_TYPE_NAMES = {STR: "a string", INT: "an integer", FLOAT: "a number", BOOL: "a YAML boolean",
+               NULL: "nothing (null)", MAP: "a mapping", SEQ: "a list"}
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def describe(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return _TYPE_NAMES.get(node.tag, f"a value tagged {node.tag}")
+
+
+def parse_duration(text: str) -> Optional[float]:
+    """Seconds in `90`, `90s`, `30m`, `2h`, `1h30m`; None if it is not a duration."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    m = _DURATION.match(text)
+    if not m or not any(m.groups()):
+        return None
+    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + s
+
+
+class NodeReader:
+    """Collects problems while reading typed values out of a composed YAML document."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.problems: List[Problem] = []
+
+    def error(self, node: Optional[yaml.Node], key: str, message: str) -> None:
+        line, col = (node.start_mark.line + 1, node.start_mark.column + 1) if node is not None else (1, 1)
+        self.problems.append(Problem(self.file, line, col, key, message))
+
+    def mapping(self, node: yaml.Node, key: str, allowed: Sequence[str],
+                required: Sequence[str] = ()) -> Dict[str, Tuple[yaml.Node, yaml.Node]]:
+        """Entries of a mapping node by key; reports duplicate, unknown and missing keys."""
+        if not isinstance(node, yaml.MappingNode):
+            self.error(node, key, f"expected a mapping, got {describe(node)}")
+            return {}
+        out: Dict[str, Tuple[yaml.Node, yaml.Node]] = {}
+        for knode, vnode in node.value:
+            if not isinstance(knode, yaml.ScalarNode) or knode.tag != STR:
+                where = f"{key}.{knode.value}" if key else str(knode.value)
+                self.error(knode, where, f"keys must be plain words, got {describe(knode)}")
+                continue
+            name = knode.value
+            path = f"{key}.{name}" if key else name
+            if name == "<<":
+                self.error(knode, path, "YAML merge keys are not supported; put shared values under defaults:")
+                continue
+            if name in out:
+                first = out[name][0].start_mark.line + 1
+                self.error(knode, path, f"duplicate key (first given on line {first})")
+                continue
+            if name not in allowed:
+                close = difflib.get_close_matches(name, allowed, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else f"; allowed: {', '.join(allowed)}"
+                self.error(knode, path, f"unknown key '{name}'{hint}")
+                continue
+            out[name] = (knode, vnode)
+        for name in required:
+            if name not in out and not any(p.key.startswith(f"{key}.{name}" if key else name) for p in self.problems):
+                self.error(node, key or "(document)", f"missing required key '{name}'")
+        return out
+
+    def string(self, node: yaml.Node, key: str, *, numbers_ok: bool = False,
+               pattern: Optional[re.Pattern] = None, what: str = "") -> Optional[str]:
+        """A string value. Numbers are accepted as their literal text only where `numbers_ok`."""
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag == STR or (numbers_ok and node.tag in (INT, FLOAT)):
+                value = node.value
+                if "\x00" in value:
+                    self.error(node, key, "NUL characters are not allowed")
+                    return None
+                if pattern is not None and not pattern.match(value):
+                    self.error(node, key, f"{value!r} is not a valid {what}")
+                    return None
+                return value
+            if node.tag == BOOL:
+                self.error(node, key, f"expected a string, got the YAML boolean {node.value!r}; quote it "
+                                      f"('{node.value}') if you mean the text")
+                return None
+        self.error(node, key, f"expected a string, got {describe(node)}")
+        return None
+
+    def integer(self, node: yaml.Node, key: str, lo: int, hi: int) -> Optional[int]:
+        if isinstance(node, yaml.ScalarNode) and node.tag == INT:
+            try:
+                value = int(yaml.safe_load(node.value))
+            except (ValueError, TypeError, yaml.YAMLError):
+                value = None
+            if value is not None and lo <= value <= hi:
+                return value
+            self.error(node, key, f"must be an integer from {lo} to {hi}, got {node.value}")
+            return None
+        self.error(node, key, f"expected an integer, got {describe(node)}")
+        return None
+
+    def duration(self, node: yaml.Node, key: str) -> Optional[float]:
+        if isinstance(node, yaml.ScalarNode) and node.tag in (STR, INT, FLOAT):
+            seconds = parse_duration(node.value)
+            if seconds is not None and seconds > 0:
+                return seconds
+        self.error(node, key, "expected a positive duration such as 90s, 30m, 2h or 1h30m"
+                              f", got {node.value if isinstance(node, yaml.ScalarNode) else describe(node)}")
+        return None
+
+    def choice(self, node: yaml.Node, key: str, choices: Sequence[str]) -> Optional[str]:
+        value = self.string(node, key)
+        if value is not None and value not in choices:
+            self.error(node, key, f"must be one of {', '.join(choices)}; got {value!r}")
+            return None
+        return value
+
+    def string_list(self, node: yaml.Node, key: str, *, numbers_ok: bool = False,
+                    pattern: Optional[re.Pattern] = None, what: str = "") -> List[str]:
+        if not isinstance(node, yaml.SequenceNode):
+            self.error(node, key, f"expected a list, got {describe(node)}")
+            return []
+        out = []
+        for i, item in enumerate(node.value):
+            value = self.string(item, f"{key}[{i}]", numbers_ok=numbers_ok, pattern=pattern, what=what)
+            if value is not None:
+                out.append(value)
+        return out
+
+    def string_map(self, node: yaml.Node, key: str, *, key_pattern: re.Pattern, key_what: str) -> Dict[str, str]:
+        """A mapping of names to strings (numbers accepted as their literal text), such as env:."""
+        if not isinstance(node, yaml.MappingNode):
+            self.error(node, key, f"expected a mapping, got {describe(node)}")
+            return {}
+        out: Dict[str, str] = {}
+        for knode, vnode in node.value:
+            name = knode.value if isinstance(knode, yaml.ScalarNode) else None
+            path = f"{key}.{name}"
+            if name is None or knode.tag != STR or not key_pattern.match(name):
+                self.error(knode, path, f"{name!r} is not a valid {key_what}")
+                continue
+            if name in out:
+                self.error(knode, path, "duplicate key")
+                continue
+            value = self.string(vnode, path, numbers_ok=True)
+            if value is not None:
+                out[name] = value
+        return out
+
+
+def compose(text: str, file: str) -> yaml.Node:
+    """Compose a YAML document into nodes, turning YAML syntax errors into one located Problem."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        detail = exc.problem or str(exc)
+        lines = text.splitlines()
+        if 0 < line <= len(lines) and "\t" in lines[line - 1]:
+            detail += " (tabs are not allowed for indentation in YAML; use spaces)"
+        raise InventoryError([Problem(file, line, col, "", f"YAML syntax error: {detail}")]) from None
+    except yaml.YAMLError as exc:
+        raise InventoryError([Problem(file, 1, 1, "", f"YAML error: {exc}")]) from None
+    if node is None:
+        raise InventoryError([Problem(file, 1, 1, "", "the inventory is empty")])
+    return node

@@ -1,0 +1,288 @@
+"""The controller's side of the host program: install it on demand, then push, start, follow, stop.
+
+Each method is one command on the host (one round trip plus the host's Python start-up); the host
+program is installed once per host and version, on the first command that finds it missing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+from ..config.inventory import Host, Timeouts
+from ..errors import CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, StartError
+from ..remote import BOOTSTRAP, EXIT_PROGRAM_MISSING, INSTALLER, PROGRAM_ID, SOURCE
+from ..transport import Stream, StreamClosed, Transport
+from .manifest import Manifest, objects_to_send, read_chunks
+from .wire import FollowStream, Prepended, ProgramMissing, exit_code_of, pack_msg, read_msg
+
+BATCH = 1 << 20
+
+
+@dataclass(frozen=True)
+class PushResult:
+    sent_bytes: int
+    objects: int
+    files: int
+    seconds: float
+
+
+class HostClient:
+    """One host, through one transport; `label` names it in every error."""
+
+    def __init__(self, host: Host, transport: Transport, timeouts: Timeouts):
+        self.host = host
+        self.label = host.name
+        self.transport = transport
+        self.timeouts = timeouts
+        self._installed = False
+
+    # -------------------------------------------------------------- plumbing
+
+    def argv(self, command: str, *args: str) -> List[str]:
+        return [self.host.python, "-c", BOOTSTRAP, self.host.workdir, PROGRAM_ID, command, *args]
+
+    def install(self) -> None:
+        done = self.transport.run([self.host.python, "-c", INSTALLER, self.host.workdir, PROGRAM_ID], stdin=SOURCE,
+                                  timeout=self.timeouts.command)
+        if done.exit_code != 0:
+            raise self._command_failed("cannot install clusterrun's host program", done.exit_code, done.stderr)
+        self._installed = True
+
+    def _command_failed(self, what: str, code: Optional[int], stderr: bytes) -> HostError:
+        tail = stderr.decode("utf-8", "replace")
+        if code == 127 or "not found" in tail[-300:] and code not in (0, 1):
+            return RemoteCommandError(self.label, f"cannot run Python {self.host.python!r} on this host",
+                                      exit_code=code, output_tail=tail,
+                                      hint="install Python 3 there, or set python: in the inventory")
+        return RemoteCommandError(self.label, what, exit_code=code, output_tail=tail)
+
+    def call(self, command: str, *args: str, stdin: Optional[bytes] = None,
+             timeout: Optional[float] = None) -> dict:
+        """Run one host command that answers with a JSON line; install the host program if missing."""
+        for attempt in (1, 2):
+            done = self.transport.run(self.argv(command, *args), stdin=stdin, timeout=timeout or self.timeouts.command)
+            if done.exit_code == EXIT_PROGRAM_MISSING and attempt == 1:
+                self.install()
+                continue
+            break
+        try:
+            reply = json.loads(done.stdout.decode().strip().splitlines()[-1]) if done.stdout.strip() else None
+        except ValueError:
+            reply = None
+        if done.exit_code == 0 and isinstance(reply, dict):
+            return reply
+        if isinstance(reply, dict) and "error" in reply:
+            raise RemoteCommandError(self.label, f"{command}: {reply['error']}" +
+                                     (f" ({reply['path']})" if reply.get("path") else ""), exit_code=done.exit_code)
+        raise self._command_failed(f"{command} failed", done.exit_code, done.stderr)
+
+    # -------------------------------------------------------------- commands
+
+    def read_file(self, run_id: str, rel: str) -> bytes:
+        """A file from the run's job folder on this host (raw bytes)."""
+        done = self.transport.run(self.argv("cat", run_id, rel), timeout=self.timeouts.command)
+        if done.exit_code == EXIT_PROGRAM_MISSING:
+            self.install()
+            done = self.transport.run(self.argv("cat", run_id, rel), timeout=self.timeouts.command)
+        if done.exit_code != 0:
+            try:
+                reason = json.loads(done.stdout.decode().strip().splitlines()[-1])["error"]
+            except (ValueError, KeyError, IndexError):
+                raise self._command_failed(f"cannot read {rel}", done.exit_code, done.stderr) from None
+            raise RemoteCommandError(self.label, reason, exit_code=done.exit_code)
+        return done.stdout
+
+    def free_port(self) -> int:
+        return int(self.call("free-port")["port"])
+
+    def probe(self) -> dict:
+        return self.call("probe")
+
+    def status(self, run_id: str) -> dict:
+        return self.call("status", run_id)
+
+    def stop(self, run_id: str, grace: float) -> dict:
+        return self.call("stop", run_id, f"{grace:g}", timeout=grace + self.timeouts.command)
+
+    def start(self, run_id: str, spec: dict) -> dict:
+        """Hand the spec (env and secrets included) to the host on stdin; it lands in a 0600 file there."""
+        try:
+            return self.call("start", run_id, stdin=json.dumps(spec).encode())
+        except RemoteCommandError as exc:
+            raise StartError(self.label, str(exc.message), hint=exc.hint) from None
+
+    def follow(self, run_id: str, offsets: Dict[int, int], once: bool = False) -> FollowStream:
+        args = [run_id, json.dumps({str(k): v for k, v in offsets.items()})] + (["--once"] if once else [])
+        for attempt in (1, 2):
+            stream = FollowStream(self.transport.open(self.argv("follow", *args)), self.label)
+            if self._installed or attempt == 2:
+                return stream
+            try:
+                first = stream.next(self.timeouts.command)
+            except ProgramMissing:
+                stream.close()
+                self.install()
+                continue
+            except TimeoutError:
+                return stream
+            return Prepended(stream, first)
+        raise AssertionError("unreachable")
+
+    def push_only(self, run_id: str, manifest: Manifest,
+                  progress: Callable[[int], None] = lambda n: None) -> PushResult:
+        """Push the job into the run folder and end there (a later `start` command starts it)."""
+        return self._push(run_id, manifest, progress, hold=False, want_port=False, check_port=None,
+                          master_addr="")[0]
+
+    def push(self, run_id: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None,
+             want_port: bool = False, check_port: Optional[int] = None, master_addr: str = "") -> "HeldPush":
+        """Push the job and keep the channel for the start: one command per host for push and start.
+        Dropping the HeldPush (abandon) makes the host remove the run it received. The host also reports
+        facts for the preflight (its Python; whether check_port is free)."""
+        result, stream, answer = self._push(run_id, manifest, progress, hold=True, want_port=want_port,
+                                            check_port=check_port, master_addr=master_addr)
+        return HeldPush(self, stream, result, answer.get("port"), answer.get("facts") or {})
+
+    def _push(self, run_id, manifest, progress, *, hold: bool, want_port: bool, check_port: Optional[int],
+              master_addr: str):
+        for attempt in (1, 2):
+            try:
+                return self._push_once(run_id, manifest, progress, hold, want_port, check_port, master_addr)
+            except ProgramMissing:
+                if attempt == 2:
+                    raise
+                self.install()
+        raise AssertionError("unreachable")
+
+    def _push_once(self, run_id: str, manifest: Manifest, progress: Callable[[int], None], hold: bool,
+                   want_port: bool, check_port: Optional[int], master_addr: str):
+        t0 = time.monotonic()
+        stream = self.transport.open(self.argv("receive", run_id))
+        timeout = self.timeouts.command
+        keep = False
+        try:
+            wire = pack_msg({**manifest.wire(), "hold": hold, "free_port": want_port, "check_port": check_port,
+                             "master_addr": master_addr})
+            try:
+                stream.write(wire, timeout)
+                answer = read_msg(stream, timeout)
+            except StreamClosed:
+                if exit_code_of(stream) == EXIT_PROGRAM_MISSING:
+                    raise ProgramMissing() from None
+                raise
+            if "error" in answer:
+                raise PushError(self.label, answer["error"], path=answer.get("path", ""),
+                                hint=_push_hint(answer.get("kind", "")))
+            sent = 0
+            batch = bytearray()  # small files travel together: one write (and few packets) per MiB
+            try:
+                for entry in objects_to_send(manifest, answer["missing"]):
+                    for chunk in read_chunks(entry.source, entry.size):
+                        if not batch and len(chunk) >= BATCH:  # a big file's chunk goes as it is
+                            stream.write(chunk, timeout)
+                            sent += len(chunk)
+                            progress(len(chunk))
+                            continue
+                        batch += chunk
+                        if len(batch) >= BATCH:
+                            stream.write(batch, timeout)
+                            sent += len(batch)
+                            progress(len(batch))
+                            batch = bytearray()
+                if batch:
+                    stream.write(batch, timeout)
+                    sent += len(batch)
+                    progress(len(batch))
+            except StreamClosed:
+                pass  # the host stopped reading: its answer says why
+            result = read_msg(stream, timeout)
+            if "error" in result:
+                raise PushError(self.label, result["error"], path=result.get("path", ""),
+                                hint=_push_hint(result.get("kind", "")))
+            keep = hold
+            return (PushResult(sent_bytes=sent, objects=result["objects"], files=result["files"],
+                               seconds=time.monotonic() - t0), stream, answer)
+        except TimeoutError:
+            raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
+        except StreamClosed as exc:
+            code = exit_code_of(stream)
+            raise self._command_failed(f"push interrupted: {exc}", code, stream.stderr()) if code not in (None, -1) \
+                else ConnectError(self.label, f"connection lost during the push: {exc}") from None
+        finally:
+            if not keep:
+                stream.close()
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class HeldPush:
+    """A host that has the job and waits, on the same channel, for the word to start it."""
+
+    def __init__(self, client: HostClient, stream: Stream, result: PushResult, port: Optional[int], facts: dict):
+        self.client = client
+        self.result = result
+        self.port = port  # a free port on the host, when asked for
+        self.facts = facts  # for the preflight: {"python", "executable"[, "port"]}
+        self._stream: Optional[Stream] = stream
+
+    def start(self, spec: dict) -> dict:
+        """Start the run (spec with env and secrets goes to a 0600 file); the supervisor's state."""
+        stream, self._stream = self._stream, None
+        label, timeout = self.client.label, self.client.timeouts.command
+        try:
+            stream.write(pack_msg({"start": spec}), timeout)
+            answer = read_msg(stream, timeout)
+        except TimeoutError:
+            raise CommandTimeout(label, f"start: no answer within {timeout:g} s") from None
+        except StreamClosed as exc:
+            raise ConnectError(label, f"connection lost while starting: {exc}") from None
+        finally:
+            stream.close()
+        if "error" in answer:
+            raise StartError(label, answer["error"])
+        return answer["state"]
+
+    def abandon(self) -> None:
+        """Do not start: the host removes what it received."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+def _push_hint(kind: str) -> str:
+    return {"disk_full": "free space in the host's workdir (or point workdir: at a bigger disk); "
+                         "nothing was started and partial files were removed",
+            "exists": "a run with this id already exists on the host; launch again"}.get(kind, "")
+
+
+def make_connect(timeouts: Timeouts) -> Callable[[Host], HostClient]:
+    """Host → connected HostClient; paramiko is imported only when some host needs SSH."""
+    connector: list = []
+    lock = threading.Lock()
+
+    def connect(host: Host) -> HostClient:
+        if host.connection == "local":
+            from ..transport.local import LocalTransport
+
+            return HostClient(host, LocalTransport(host.name), timeouts)
+        with lock:
+            if not connector:
+                from ..transport.ssh import Connector, config_options
+
+                connector.append((Connector(timeouts), config_options()))
+        from ..config.ssh_config import ssh_target
+
+        ssh, options = connector[0]
+        try:
+            return HostClient(host, ssh.connect(ssh_target(host, options)), timeouts)
+        except HostError:
+            raise
+        except Exception as exc:  # whatever paramiko raises: still a connection problem of this host
+            raise ConnectError(host.name, f"{type(exc).__name__}: {exc}") from None
+
+    return connect

@@ -1,0 +1,104 @@
+"""What travels between the controller and the host program: framed JSON messages (the push and its
+start) and the frames `follow` sends (log bytes, exit records, heartbeats, the end), parsed from large
+reads (a frame per log chunk, not per line). The host side writes them in remote/host/common.py."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from ..remote import EXIT_PROGRAM_MISSING
+from ..transport import Stream, StreamClosed, read_exact
+
+FRAME = struct.Struct(">cIQI")  # kind, rank, offset, payload length (as remote/host/common.py writes them)
+MSG_LEN = struct.Struct(">I")  # a framed message: its length, then JSON
+
+
+class ProgramMissing(Exception):
+    """The host program is not installed on the host (yet, or in this version)."""
+
+
+def read_msg(stream: Stream, timeout: float) -> dict:
+    (n,) = MSG_LEN.unpack(read_exact(stream, MSG_LEN.size, timeout))
+    return json.loads(read_exact(stream, n, timeout).decode())
+
+
+def pack_msg(obj: dict) -> bytes:
+    data = json.dumps(obj).encode()
+    return MSG_LEN.pack(len(data)) + data
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: str  # "L" log bytes, "X" exit record, "H" heartbeat, "E" end
+    rank: int
+    offset: int
+    payload: bytes
+
+    def json(self) -> dict:
+        return json.loads(self.payload.decode())
+
+
+class FollowStream:
+    """Frames from `follow`, parsed from large reads (a frame per log chunk, not per line)."""
+
+    def __init__(self, stream: Stream, label: str):
+        self._stream = stream
+        self._label = label
+        self._buf = bytearray()
+        self._pos = 0  # frames are parsed from here; the consumed front is dropped only now and then
+
+    def next(self, timeout: float) -> Frame:
+        """The next frame; TimeoutError if none within timeout; StreamClosed at the end of the stream."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self._buf) - self._pos >= FRAME.size:
+                kind, rank, offset, length = FRAME.unpack_from(self._buf, self._pos)
+                start = self._pos + FRAME.size
+                if len(self._buf) >= start + length:
+                    payload = bytes(self._buf[start:start + length])
+                    self._pos = start + length
+                    if self._pos > (1 << 20):
+                        del self._buf[:self._pos]
+                        self._pos = 0
+                    if kind not in b"LXHE":
+                        raise StreamClosed(f"garbled log stream from {self._label} (a login shell printing text?)")
+                    return Frame(kind.decode(), rank, offset, payload)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            chunk = self._stream.read(1 << 18, left)
+            if not chunk:
+                code = exit_code_of(self._stream)
+                if code == EXIT_PROGRAM_MISSING and len(self._buf) == self._pos:
+                    raise ProgramMissing()
+                tail = self._stream.stderr().decode("utf-8", "replace")
+                raise StreamClosed(f"log stream ended (exit {code}){': ' + tail[-500:] if tail else ''}")
+            self._buf += chunk
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def exit_code_of(stream: Stream) -> Optional[int]:
+    try:
+        return stream.wait(2.0)
+    except TimeoutError:
+        return None
+
+
+class Prepended(FollowStream):
+    """A follow stream whose first frame was already read (to learn whether the host program exists)."""
+
+    def __init__(self, inner: FollowStream, first: Frame):
+        self.__dict__.update(inner.__dict__)
+        self._first: Optional[Frame] = first
+
+    def next(self, timeout: float) -> Frame:
+        if self._first is not None:
+            frame, self._first = self._first, None
+            return frame
+        return super().next(timeout)

@@ -1,0 +1,230 @@
+"""A started run until its end: follow every host, stop all on the first failure, Ctrl-C or time limit,
+then work out the result with the root cause first (torchrun's "first observed failure")."""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, Optional, Set
+
+from ..config.inventory import Timeouts
+from ..errors import HostError
+from ..events import LogLines, Notice, Phase, RankEnded
+from ..hosts.client import HostClient
+from ..hosts.follow import FollowDone, Follower, HostLost, RankExit
+from ..hosts.group import fan_out_background
+from ..hosts.logs import tail_lines
+from ..outcome import RankResult, RunOutcome, decide, exit_state
+from ..plan import LaunchPlan
+from ..registry.store import RunStore
+from ..states import Cleanup, HostState, RankState
+
+TAIL_LINES = 12
+
+
+@dataclass(frozen=True)
+class _StopDone:
+    node_rank: int
+    error: Optional[str]
+
+
+class Monitor:
+    def __init__(self, plan: LaunchPlan, store: RunStore, *, client: Callable[[int], HostClient],
+                 reconnect: Callable[[int], HostClient], emit: Callable[[object], None], events: "queue.Queue",
+                 timeouts: Timeouts, t0: float):
+        self.plan = plan
+        self.store = store
+        self._client = client
+        self._reconnect = reconnect
+        self._emit = emit
+        self._q = events
+        self._timeouts = timeouts
+        self._t0 = t0
+        self._exits: Dict[int, dict] = {}  # rank → exit record, with ended_at on the controller's clock
+        self._lost: Dict[int, str] = {}  # node_rank → why
+        self._followed: Set[int] = set()
+        self._stop_reason: Optional[str] = None
+        self._stop_started: Optional[float] = None
+        self._stops_running = 0
+        self._forced = False
+        self._interrupt: Optional[bool] = None  # None, or force?
+        self._node_of = {r.rank: r.node_rank for r in plan.ranks}
+
+    def interrupt(self, force: bool) -> None:
+        """From the signal handler: only records the wish; the loop acts on it."""
+        self._interrupt = bool(force or self._interrupt)
+
+    # -------------------------------------------------------------- the loop
+
+    def run(self) -> RunOutcome:
+        t_run = time.monotonic()
+        followers = {}
+        for node in self.plan.nodes:
+            ranks = {r.rank: self.store.log_path(self.plan.run_id, r.rank) for r in node.ranks}
+            f = Follower(node_rank=node.node_rank, host=node.host.name, ranks=ranks, run_id=self.plan.run_id,
+                         client=self._client_for(node.node_rank), out=self._q, host_lost_s=self._timeouts.host_lost)
+            followers[node.node_rank] = f
+            f.start()
+        self._emit(Phase("run", f"{self.plan.world_size} ranks on {len(self.plan.nodes)} hosts"))
+        for r in self.plan.ranks:
+            self.store.update_rank(self.plan.run_id, r.rank, state=RankState.RUNNING)
+        nodes = {n.node_rank for n in self.plan.nodes}
+        while True:
+            self._handle_events()
+            self._act_on_signals()
+            limit = self.plan.time_limit_s
+            if limit is not None and self._stop_reason is None and time.monotonic() - self._t0 > limit:
+                self._begin_stop("time-limit", self._timeouts.grace)
+                self._emit(Notice(f"time limit of {limit:g} s reached: stopping every host", "warning"))
+            if self._followed | set(self._lost) >= nodes and self._stops_running == 0:
+                break
+            if self._stop_started is not None and self._stops_running == 0 and \
+                    time.monotonic() - self._stop_started > self._timeouts.grace + self._timeouts.host_lost + 5:
+                for node_rank in nodes - self._followed - set(self._lost):
+                    self._lost[node_rank] = "its ranks' exits never arrived after the stop"
+                break
+        for f in followers.values():
+            f.stop()
+        for f in followers.values():
+            f.join(timeout=2.0)
+        self._handle_events(block=False)
+        return self._outcome(time.monotonic() - t_run)
+
+    def _client_for(self, node_rank: int) -> Callable[[bool], HostClient]:
+        return lambda reconnect: self._reconnect(node_rank) if reconnect else self._client(node_rank)
+
+    def _handle_events(self, block: bool = True) -> None:
+        """Handle every queued event; wait up to 50 ms for the first one."""
+        try:
+            ev = self._q.get(timeout=0.05) if block else self._q.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(ev)
+            try:
+                ev = self._q.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, ev: object) -> None:
+        if isinstance(ev, LogLines):
+            self._emit(ev)
+        elif isinstance(ev, RankExit):
+            self._on_exit(ev)
+        elif isinstance(ev, HostLost):
+            if ev.node_rank in self._lost or ev.node_rank in self._followed:
+                return
+            self._lost[ev.node_rank] = ev.reason
+            self._emit(Notice(f"{ev.host}: host lost: {ev.reason}", "error"))
+            now = time.time()
+            for r in self.plan.nodes[ev.node_rank].ranks:
+                if r.rank not in self._exits:
+                    self._exits[r.rank] = {"lost": True, "ended_at": now, "error": f"host lost: {ev.reason}"}
+                    self.store.update_rank(self.plan.run_id, r.rank, state=RankState.LOST, ended_at=now,
+                                           note=f"host lost: {ev.reason}")
+            self.store.update_host(self.plan.run_id, ev.node_rank, state=HostState.LOST, cleanup=Cleanup.PENDING,
+                                   error=ev.reason)
+            if self._stop_reason is None:
+                self._begin_stop("failed", self._timeouts.grace)
+        elif isinstance(ev, FollowDone):
+            self._followed.add(ev.node_rank)
+            if ev.node_rank not in self._lost:
+                self.store.update_host(self.plan.run_id, ev.node_rank, state=HostState.DONE)
+        elif isinstance(ev, _StopDone):
+            self._stops_running -= 1
+            if ev.error is None:
+                self.store.update_host(self.plan.run_id, ev.node_rank, cleanup=Cleanup.DONE)
+            else:
+                self.store.update_host(self.plan.run_id, ev.node_rank, cleanup=Cleanup.PENDING, error=ev.error)
+                self._emit(Notice(f"{self.plan.nodes[ev.node_rank].host.name}: could not stop: {ev.error}; "
+                                  f"`clusterrun stop {self.plan.run_id}` finishes it later", "error"))
+        else:
+            self._emit(ev)
+
+    def _on_exit(self, ev: RankExit) -> None:
+        if ev.rank in self._exits:
+            return
+        info = dict(ev.info)
+        info["ended_at"] = (info.get("ended_at") or time.time() + ev.clock_offset) - ev.clock_offset
+        if info.get("started_at"):
+            info["started_at"] = info["started_at"] - ev.clock_offset
+        self._exits[ev.rank] = info
+        self.store.record_exit(self.plan.run_id, ev.rank, ev.info, ev.clock_offset)
+        result = self._result(ev.rank)
+        self._emit(RankEnded(self.plan.nodes[ev.node_rank].host.name, ev.rank, result.describe(),
+                             result.state.failed))
+        if result.state.failed and self._stop_reason is None:
+            self._begin_stop("failed", self._timeouts.grace)
+
+    def _act_on_signals(self) -> None:
+        force, self._interrupt = self._interrupt, None
+        if force is None:
+            return
+        if self._stop_reason != "interrupted":
+            self._emit(Notice("interrupted: stopping every host (Ctrl-C again within 1 s kills at once)", "warning"))
+        first = self._stop_reason is None
+        self._stop_reason = "interrupted"
+        if first:
+            self._start_stops(self._timeouts.grace if not force else 0.0)
+        if force and not self._forced:
+            self._forced = True
+            self._emit(Notice("killing every rank now", "warning"))
+            self._start_stops(0.0)
+
+    # -------------------------------------------------------------- stopping
+
+    def _begin_stop(self, reason: str, grace: float) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            self._start_stops(grace)
+
+    def _start_stops(self, grace: float) -> None:
+        """Stop every host in parallel, without blocking the loop that shows the last logs."""
+        self._stop_started = self._stop_started or time.monotonic()
+        self._stops_running += len(self.plan.nodes)
+        fan_out_background(self.plan.nodes, lambda node: self._stop_node(node.node_rank, grace),
+                           name=lambda node: node.host.name, thread_name="stop",
+                           on_each=lambda node, result: self._q.put(_StopDone(
+                               node.node_rank, result.message if isinstance(result, HostError) else None)))
+
+    def _stop_node(self, node_rank: int, grace: float) -> None:
+        # a lost host's old connection is dead: go straight to one fresh attempt (bounded by the connect timeout)
+        if node_rank not in self._lost:
+            try:
+                self._client(node_rank).stop(self.plan.run_id, grace)
+                return
+            except HostError:
+                pass
+        self._reconnect(node_rank).stop(self.plan.run_id, grace)
+
+    # -------------------------------------------------------------- result
+
+    def _result(self, rank: int) -> RankResult:
+        node_rank = self._node_of[rank]
+        host = self.plan.nodes[node_rank].host.name
+        info = self._exits.get(rank)
+        path = self.store.log_path(self.plan.run_id, rank)
+        if info is None:
+            why = self._lost.get(node_rank, "no exit status arrived")
+            return RankResult(rank, node_rank, host, RankState.LOST, log_path=path, note=why)
+        return RankResult(rank, node_rank, host, exit_state(info), exit_code=info.get("exit_code"),
+                          signal=info.get("signal"), started_at=info.get("started_at"), ended_at=info.get("ended_at"),
+                          log_path=path, note=info.get("error") or "")
+
+    def _outcome(self, seconds: float) -> RunOutcome:
+        results = []
+        for r in self.plan.ranks:
+            res = self._result(r.rank)
+            if res.state.failed:
+                res = replace(res, tail=tuple(tail_lines(res.log_path, TAIL_LINES)))
+            results.append(res)
+        verdict = decide(results, stop_reason=self._stop_reason, time_limit=self.plan.time_limit_s)
+        assert verdict is not None  # every rank has an end here: an exit, or lost
+        pending = tuple(h.name for h in self.store.get(self.plan.run_id).hosts if h.cleanup is Cleanup.PENDING) or \
+            tuple(self.plan.nodes[n].host.name for n in sorted(self._lost))
+        self.store.update_run(self.plan.run_id, state=verdict.state, exit_code=verdict.exit_code,
+                              reason=verdict.reason, ended_at=time.time())
+        return RunOutcome(self.plan.run_id, verdict.state, verdict.exit_code, verdict.reason,
+                          root_cause=verdict.root_cause, ranks=tuple(results), cleanup_pending=pending,
+                          seconds=seconds)

@@ -1,0 +1,319 @@
+"""One run, start to end: connect → push → start (rank 0's host first) → follow → stop → result.
+
+The runner owns no terminal: it posts events to `emit` from its own (main) thread, which the CLI
+renders. Host work fans out to threads; every phase reports all failed hosts at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, replace
+from typing import Callable, Dict, List, Mapping, Optional
+
+from ..config.inventory import Host, Inventory
+from ..errors import ClusterrunError, ConnectError, HostsFailed
+from ..events import HostDone, HostProgress, Notice, Phase
+from ..hosts.client import HeldPush, HostClient
+from ..hosts.group import GroupResult, fan_out
+from ..hosts.manifest import HashCache, Manifest, build_manifest
+from ..outcome import RunOutcome
+from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_env
+from ..registry.store import RunStore, controller_identity
+from ..states import Cleanup, HostState, RankState, RunState
+from .monitor import Monitor
+from .preflight import preflight, preflight_error
+
+Connect = Callable[[Host], HostClient]
+
+
+class Interrupted(Exception):
+    pass
+
+
+def inventory_snapshot(inv: Inventory) -> dict:
+    """The inventory as recorded with the run: enough to reach the hosts again; secret names only."""
+    return asdict(inv)
+
+
+class Runner:
+    def __init__(self, inv: Inventory, run_id: str, *, store: RunStore, connect: Connect,
+                 secrets: Mapping[str, str], emit: Callable[[object], None], detach: bool = False,
+                 hash_cache: Optional[HashCache] = None, checks: Callable = preflight):
+        self.inv = inv
+        self.run_id = run_id
+        self.store = store
+        self._connect = connect
+        self._secrets = dict(secrets)
+        self._emit = emit
+        self._detach = detach
+        self._hash_cache = hash_cache or HashCache(None)
+        self._checks = checks
+        # bounded: a slow terminal pushes back on the followers and the SSH window, never on the ranks
+        self._q: "queue.Queue" = queue.Queue(maxsize=64)
+        self._clients: Dict[int, HostClient] = {}
+        self._lock = threading.Lock()
+        self._interrupts: List[float] = []
+        self._closing = False
+        self._t0 = time.monotonic()
+        self._phases: List[tuple] = []
+        self.monitor: Optional[Monitor] = None
+        self._held: Dict[int, HeldPush] = {}  # pushed, waiting for their start on the push's channel
+        self._started: List[int] = []
+
+    # -------------------------------------------------------------- signals
+
+    def interrupt(self) -> None:
+        """Ctrl-C: the first stops gracefully, a second within a second kills at once (signal-handler safe)."""
+        self._interrupts.append(time.monotonic())
+        if self.monitor is not None:
+            self.monitor.interrupt(force=self.force_requested)
+
+    @property
+    def force_requested(self) -> bool:
+        return len(self._interrupts) >= 2 and self._interrupts[-1] - self._interrupts[-2] <= 1.0
+
+    # -------------------------------------------------------------- the run
+
+    def run(self) -> RunOutcome:
+        plan = build_plan(self.inv, self.run_id)
+        self.store.create(self.run_id, self.inv.path, inventory_snapshot(self.inv), plan_to_dict(plan),
+                          controller_identity(), [{"node_rank": n.node_rank, "name": n.host.name} for n in plan.nodes],
+                          [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks])
+        background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
+        try:
+            # what to push is worked out while the connections are being made
+            self._prepare(plan, background.submit(build_manifest, self.inv.job, self._hash_cache))
+            auto_port = plan.master_port is None
+            # the cheap checks of `clusterrun check`, on what every host reported while receiving the job
+            with self._lock:
+                facts = {n: held.facts for n, held in self._held.items()}
+            problems = self._checks(self.inv, facts)
+            for p in problems:
+                self._emit(Notice(f"{p.host}: {p.check}: {p.detail}" + (f" ({p.hint})" if p.hint else ""),
+                                  "error" if p.status == "fail" else "warning"))
+            failed = preflight_error(problems)
+            if failed is not None:
+                raise failed
+            if auto_port:  # rank 0's host found a free port while receiving the job
+                port = self._held[0].port
+                plan = build_plan(self.inv, self.run_id, master_port=port)
+                self.store.update_run(self.run_id, plan=plan_to_dict(plan))
+                self._emit(Notice(f"MASTER_PORT={port} (free on {plan.nodes[0].host.name})"))
+            self._phase("start", lambda: self._start_all(plan))
+            if self._detach:
+                self.store.update_run(self.run_id, state=RunState.RUNNING, detached=1, controller=None)
+                return RunOutcome(self.run_id, RunState.RUNNING, 0, "detached", seconds=self._elapsed(),
+                                  phases=tuple(self._phases))
+            self.store.update_run(self.run_id, state=RunState.RUNNING)
+            self.monitor = Monitor(plan, self.store, client=self._client, reconnect=self._reconnect, emit=self._emit,
+                                   events=self._q, timeouts=self.inv.timeouts, t0=self._t0)
+            if self._interrupts:
+                self.monitor.interrupt(force=self.force_requested)
+            outcome = self.monitor.run()
+            return replace(outcome, phases=tuple(self._phases) + (("run", outcome.seconds),),
+                           seconds=self._elapsed())
+        except Interrupted:
+            self._undo(plan, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
+            return self._finish(RunState.INTERRUPTED, RunState.INTERRUPTED.exit_code,
+                                "interrupted by the user (Ctrl-C)")
+        except ClusterrunError as exc:  # hosts failed, or a bad job file found while connecting
+            self._undo(plan, grace=0.0)
+            self._finish(RunState.FAILED, exc.exit_code, str(exc))
+            raise
+        finally:
+            background.shutdown(wait=False)
+            self._closing = True
+            self._abandon_held()
+            with self._lock:
+                clients = list(self._clients.values())
+            for client in clients:
+                client.close()
+
+    def _finish(self, state: RunState, code: int, reason: str) -> RunOutcome:
+        self.store.update_run(self.run_id, state=state, exit_code=code, reason=reason, ended_at=time.time())
+        for r in self.store.get(self.run_id).ranks:
+            if r.state is RankState.PENDING:
+                self.store.update_rank(self.run_id, r.rank, state=RankState.NOT_STARTED)
+        return RunOutcome(self.run_id, state, code, reason, seconds=self._elapsed(), phases=tuple(self._phases))
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def _phase(self, name: str, body: Callable[[], None]) -> None:
+        t = time.monotonic()
+        self._emit(Phase(name))
+        body()
+        self._phases.append((name, time.monotonic() - t))
+        self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
+
+    def _prepare(self, plan: LaunchPlan, manifest: "Future[Manifest]") -> None:
+        """Connect to every host and push to each as soon as it is connected: no barrier between the two,
+        so a slow host delays only itself. Phases: connect (until the last host is connected), push."""
+        t0 = time.monotonic()
+        connected: List[float] = []
+        self._emit(Phase("connect"))
+
+        def prepare(node: NodePlan) -> None:
+            self._connect_node(node)
+            connected.append(time.monotonic())
+            self._push(node, manifest.result(), plan)
+
+        def watch() -> None:
+            if manifest.done() and manifest.exception() is not None:
+                raise manifest.exception()
+            if len(connected) == len(plan.nodes) and len(self._phases) == 0:
+                self._phases.append(("connect", max(connected) - t0))
+                self._emit(Phase("push"))
+
+        try:
+            self._fan_out("prepare", plan.nodes, prepare, watch=watch)
+        except HostsFailed as exc:
+            kinds = {"connect" if isinstance(e, ConnectError) else "push" for e in exc.failures.values()}
+            raise HostsFailed(" and ".join(sorted(kinds, reverse=False)), exc.failures) from None
+        watch()
+        self._phases.append(("push", time.monotonic() - t0 - self._phases[0][1]))
+        self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
+
+    # -------------------------------------------------------------- fan-out
+
+    def _fan_out(self, phase: str, nodes, fn: Callable[[NodePlan], object], interruptible: bool = True,
+                 watch: Callable[[], None] = lambda: None) -> GroupResult[int]:
+        """fn on every node in parallel (hosts.group); drain events meanwhile; raise one error naming every
+        host that failed.
+
+        Not interruptible: let calls in flight finish (a start that completes after we gave up on it would
+        leave ranks running that nobody stops); the interrupt is acted on right after."""
+        def poll() -> None:
+            self._drain()
+            watch()
+            if self._interrupts and interruptible:
+                raise Interrupted(phase)
+
+        result = fan_out(nodes, fn, key=lambda n: n.node_rank, name=lambda n: n.host.name, poll=poll,
+                         thread_name=phase)
+        self._drain()
+        for node_rank, exc in result.errors.items():
+            self.store.update_host(self.run_id, node_rank, state=HostState.failed_in(phase), error=str(exc))
+        result.raise_for(phase)
+        return result
+
+    def _post(self, event: object) -> None:
+        """Progress from worker threads: advisory, so dropped rather than blocking when the queue is full
+        (a pool thread stuck on a full queue would also hold up the interpreter's exit)."""
+        try:
+            self._q.put_nowait(event)
+        except queue.Full:
+            pass
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._emit(self._q.get_nowait())
+            except queue.Empty:
+                return
+
+    # -------------------------------------------------------------- per host
+
+    def _client(self, node_rank: int) -> HostClient:
+        with self._lock:
+            return self._clients[node_rank]
+
+    def _reconnect(self, node_rank: int) -> HostClient:
+        host = self.inv.hosts[node_rank]
+        client = self._connect(host)
+        with self._lock:
+            old, self._clients[node_rank] = self._clients.get(node_rank), client
+        if old is not None:
+            old.close()
+        return client
+
+    def _connect_node(self, node: NodePlan) -> HostClient:
+        t = time.monotonic()
+        client = self._connect(node.host)
+        with self._lock:
+            if self._closing:  # the run was abandoned while this host was connecting
+                client.close()
+                raise Interrupted("connect")
+            self._clients[node.node_rank] = client
+        self._post(HostDone("connect", node.host.name, time.monotonic() - t))
+        return client
+
+    def _push(self, node: NodePlan, manifest: Manifest, plan: LaunchPlan) -> None:
+        t = time.monotonic()
+        total = manifest.total_bytes
+        sent = [0]
+
+        def progress(n: int) -> None:
+            sent[0] += n
+            self._post(HostProgress("push", node.host.name, sent[0], total))
+
+        self.store.update_host(self.run_id, node.node_rank, state=HostState.PUSHING)
+        rank0 = node.node_rank == 0
+        held = self._client(node.node_rank).push(
+            self.run_id, manifest, progress, want_port=rank0 and plan.master_port is None,
+            check_port=plan.master_port if rank0 else None, master_addr=plan.master_addr)
+        with self._lock:
+            self._held[node.node_rank] = held
+        result = held.result
+        self.store.update_host(self.run_id, node.node_rank, state=HostState.PUSHED, pushed_bytes=result.sent_bytes,
+                               push_seconds=round(result.seconds, 4))
+        self._post(HostDone("push", node.host.name, time.monotonic() - t,
+                             f"{result.sent_bytes} of {total} bytes sent, {result.files} files"))
+
+    def _spec(self, plan: LaunchPlan, node: NodePlan) -> dict:
+        return {"run_id": plan.run_id, "grace": self.inv.timeouts.grace, "fail_fast": True,
+                "time_limit": plan.time_limit_s,
+                "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": rank_env(plan, r, self._secrets)}
+                          for r in node.ranks]}
+
+    def _start_node(self, plan: LaunchPlan, node: NodePlan) -> None:
+        t = time.monotonic()
+        with self._lock:
+            held = self._held.pop(node.node_rank)
+        state = held.start(self._spec(plan, node))
+        with self._lock:
+            self._started.append(node.node_rank)
+        pid = state.get("supervisor", {}).get("pid")
+        self.store.update_host(self.run_id, node.node_rank, state=HostState.STARTED, supervisor_pid=pid)
+        self._post(HostDone("start", node.host.name, time.monotonic() - t))
+
+    def _start_all(self, plan: LaunchPlan) -> None:
+        """Rank 0's host first (it hosts the rendezvous), then every other host at once."""
+        self._fan_out("start", plan.nodes[:1], lambda n: self._start_node(plan, n), interruptible=False)
+        if self._interrupts:
+            raise Interrupted("start")
+        if len(plan.nodes) > 1:
+            self._fan_out("start", plan.nodes[1:], lambda n: self._start_node(plan, n), interruptible=False)
+        if self._interrupts and not self._detach:
+            raise Interrupted("start")
+
+    def _abandon_held(self) -> None:
+        """Hosts that received the job but were not started remove it when their channel closes."""
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        for h in held:
+            h.abandon()
+
+    def _undo(self, plan: LaunchPlan, grace: float) -> None:
+        """Undo a launch that did not get to run: stop what started, drop what was only pushed."""
+        self._abandon_held()
+        with self._lock:
+            nodes = [n for n in plan.nodes if n.node_rank in self._started]
+        if not nodes:
+            return
+
+        def stop(node: NodePlan) -> None:
+            self._client(node.node_rank).stop(plan.run_id, grace)
+            self.store.update_host(self.run_id, node.node_rank, state=HostState.STOPPED, cleanup=Cleanup.DONE)
+
+        self._interrupts.clear()  # a stop must run to its end even after Ctrl-C
+        try:
+            self._fan_out("stop", nodes, stop, interruptible=False)
+        except HostsFailed as exc:
+            for node in nodes:
+                if node.host.name in exc.failures:
+                    self.store.update_host(self.run_id, node.node_rank, cleanup=Cleanup.PENDING)
+            self._emit(Notice(str(exc) + "\n`clusterrun stop` finishes them later.", "error"))

@@ -1,0 +1,188 @@
+"""`ps`, `logs` and `stop` on recorded runs: reach the hosts again from the run record, any time later,
+also after the controller that started the run is gone."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..config.inventory import Host, Inventory, inventory_from_snapshot
+from ..errors import HostError
+from ..events import LogLines
+from ..hosts.client import HostClient
+from ..hosts.follow import FollowDone, Follower, HostLost
+from ..hosts.group import GroupResult, fan_out
+from ..outcome import decide
+from ..states import Cleanup, HostState, RankState, RunState
+from .store import RunRecord, RunStore, controller_alive
+
+Connect = Callable[[Host], HostClient]
+
+
+@dataclass(frozen=True)
+class Node:
+    node_rank: int
+    host: Host
+    ranks: Tuple[int, ...]
+
+
+def nodes_of(record: RunRecord) -> Tuple[Inventory, List[Node]]:
+    inv = inventory_from_snapshot(record.snapshot)
+    nodes = [Node(n["node_rank"], inv.hosts[n["node_rank"]], tuple(r["rank"] for r in n["ranks"]))
+             for n in record.plan["nodes"]]
+    return inv, nodes
+
+
+def on_hosts(nodes: Sequence[Node], connect: Connect, fn: Callable[[HostClient], object]) -> GroupResult[int]:
+    """Connect to every node and run fn there, all in parallel; results and errors by node rank."""
+    def one(node: Node) -> object:
+        client = connect(node.host)
+        try:
+            return fn(client)
+        finally:
+            client.close()
+
+    return fan_out(nodes, one, key=lambda n: n.node_rank, name=lambda n: n.host.name)
+
+
+def conclude(store: RunStore, run_id: str, open_state: RunState = RunState.RUNNING) -> RunRecord:
+    """Once every rank has an end, give the run its end (outcome.decide); until then, `open_state`."""
+    record = store.get(run_id)
+    if record.terminal:
+        return record
+    verdict = decide(record.ranks, stopped_reason=record.reason or "")
+    if verdict is None:
+        if open_state is not record.state:
+            store.update_run(run_id, state=open_state)
+        return store.get(run_id)
+    ended = max((r.ended_at or 0) for r in record.ranks) or time.time()
+    store.update_run(run_id, state=verdict.state, exit_code=verdict.exit_code, reason=verdict.reason, ended_at=ended)
+    return store.get(run_id)
+
+
+def reconcile(store: RunStore, run_id: str, connect: Connect) -> Tuple[RunRecord, Dict[str, HostError]]:
+    """Bring a run whose controller is gone up to date by asking its hosts."""
+    record = store.get(run_id)
+    if (record.terminal and not record.cleanup_pending) or controller_alive(record.controller):
+        return record, {}
+    _, nodes = nodes_of(record)
+    asked = on_hosts(nodes, connect, lambda client: client.status(run_id))
+    for node_rank, answer in asked.results.items():
+        offset = answer.get("now", time.time()) - time.time()
+        if not answer.get("started"):  # the controller died before starting this host: it never will
+            for rank in nodes[node_rank].ranks:
+                store.update_rank(run_id, rank, state=RankState.NOT_STARTED)
+            continue
+        for rank, info in answer["ranks"].items():
+            if info.get("exit"):
+                store.record_exit(run_id, int(rank), info["exit"], offset)
+            elif info.get("pid"):
+                store.update_rank(run_id, int(rank), state=RankState.RUNNING)
+        if answer.get("done"):
+            store.update_host(run_id, node_rank, state=HostState.DONE)
+    if not record.terminal:
+        _conclude_reconciled(store, run_id, unreachable=not asked.ok)
+    return store.get(run_id), asked.failed
+
+
+def _conclude_reconciled(store: RunStore, run_id: str, unreachable: bool) -> None:
+    record = store.get(run_id)
+    never = sorted({r.host for r in record.ranks if r.state is RankState.NOT_STARTED})
+    running = {r.node_rank for r in record.ranks if not r.state.terminal}
+    if never and running:
+        # the controller died while starting: what did start waits for peers that never come
+        for node_rank in running:
+            store.update_host(run_id, node_rank, cleanup=Cleanup.PENDING)
+        store.update_run(run_id, state=RunState.FAILED, exit_code=RunState.FAILED.exit_code, ended_at=time.time(),
+                         reason=f"the controller ended before {', '.join(never)} started; "
+                                f"`clusterrun stop {run_id}` ends the ranks that did start")
+    else:
+        conclude(store, run_id, open_state=RunState.UNREACHABLE if unreachable else RunState.RUNNING)
+
+
+def stop_run(store: RunStore, run_id: str, connect: Connect, grace: float) -> Tuple[RunRecord, Dict[str, HostError]]:
+    """Stop every rank by its recorded process group; idempotent; unreachable hosts stay pending."""
+    record = store.get(run_id)
+    _, nodes = nodes_of(record)
+    settled = {h.node_rank for h in record.hosts if h.cleanup in (None, Cleanup.DONE) and h.state is not HostState.LOST}
+    targets = [n for n in nodes if not (record.terminal and n.node_rank in settled)]
+    stopped = on_hosts(targets, connect, lambda client: client.stop(run_id, grace))
+    for node_rank, error in stopped.errors.items():
+        store.update_host(run_id, node_rank, cleanup=Cleanup.PENDING, error=str(error))
+    for node_rank, answer in stopped.results.items():
+        still_open = {r.rank for r in store.get(run_id).ranks if not r.state.terminal}
+        for rank, rec in answer.get("exits", {}).items():
+            if int(rank) in still_open:
+                store.record_exit(run_id, int(rank), rec, 0.0)
+        store.update_host(run_id, node_rank, cleanup=Cleanup.DONE, state=HostState.STOPPED)
+    if stopped.ok:
+        store.update_run(run_id, reason=record.reason or "stopped by `clusterrun stop`")
+    return conclude(store, run_id, open_state=RunState.STOPPED if stopped.ok else RunState.UNKNOWN), stopped.failed
+
+
+def fetch_logs(store: RunStore, run_id: str, connect: Connect, *, follow: bool,
+               on_lines: Callable[[LogLines], None], on_problem: Callable[[str], None],
+               before_follow: Callable[[], None] = lambda: None, stop_flag: Optional[list] = None,
+               host_lost_s: float = 15.0) -> None:
+    """Bring the local log copies up to date from the hosts (by byte offset); with follow, keep going and
+    hand every new line to on_lines until every rank has ended or stop_flag gets an element."""
+    record = store.get(run_id)
+    _, nodes = nodes_of(record)
+    events: "queue.Queue" = queue.Queue()
+    connected = fan_out(nodes, lambda n: connect(n.host), key=lambda n: n.node_rank, name=lambda n: n.host.name)
+    clients: Dict[int, HostClient] = connected.results  # type: ignore[assignment]
+    for name, err in connected.failed.items():
+        on_problem(f"{name}: {err.message}; showing the local copy of its logs")
+
+    def start(once: bool) -> List[Follower]:
+        followers = []
+        for node in nodes:
+            if node.node_rank not in clients:
+                continue
+            paths = {r: store.log_path(run_id, r) for r in node.ranks}
+            offsets = {r: _size(p) for r, p in paths.items()}
+            client = clients[node.node_rank]
+            f = Follower(node_rank=node.node_rank, host=node.host.name, ranks=paths, run_id=run_id,
+                         client=lambda reconnect, c=client, h=node.host: connect(h) if reconnect else c,
+                         out=events, host_lost_s=host_lost_s, offsets=offsets, once=once)
+            f.start()
+            followers.append(f)
+        return followers
+
+    def pump(followers: List[Follower], show: bool) -> None:
+        live = {f.node_rank for f in followers}
+        while live and not (stop_flag and stop_flag[0]):
+            try:
+                ev = events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if isinstance(ev, LogLines) and show:
+                on_lines(ev)
+            elif isinstance(ev, FollowDone):
+                live.discard(ev.node_rank)
+            elif isinstance(ev, HostLost):
+                live.discard(ev.node_rank)
+                on_problem(f"{ev.host}: {ev.reason}")
+        for f in followers:
+            f.stop()
+        for f in followers:
+            f.join(timeout=2.0)
+
+    try:
+        pump(start(once=True), show=False)  # catch up: the local copies now hold everything so far
+        if follow:
+            before_follow()
+            pump(start(once=False), show=True)
+    finally:
+        for c in clients.values():
+            c.close()
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

@@ -1,0 +1,64 @@
+"""`clusterrun check` on a terminal: one row per host, one column per check, then what to fix.
+
+Cells are short (a status mark and a few words) so the table fits; the full detail and the hint of
+every cell that is not plainly ok follow below it. Host text is never parsed as markup.
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..check.rules import CHECKS, FAIL, OK, SKIP, WARN, Report
+
+MARK = {OK: "✓", WARN: "!", FAIL: "✗", SKIP: "·"}
+STYLE = {OK: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
+
+
+def cell(status: str, short: str, compact: bool = False) -> Text:
+    if status == SKIP or compact:
+        return Text(MARK[status], style=STYLE[status])
+    return Text(f"{MARK[status]} {short or status}", style=STYLE[status])
+
+
+def table(report: Report, compact: bool = False) -> Table:
+    """Hosts x checks; compact: the status marks only (for narrow terminals; details follow anyway)."""
+    port = report.master_port if report.master_port is not None else "auto"
+    out = Table(title=f"clusterrun check · MASTER_ADDR={report.master_addr} MASTER_PORT={port} · "
+                      f"{len(report.hosts)} hosts in {report.seconds:.1f} s", title_justify="left",
+                **({"box": box.SIMPLE_HEAD, "collapse_padding": True, "pad_edge": False} if compact else {}))
+    out.add_column("host", no_wrap=True)
+    for name in CHECKS:
+        out.add_column(name, no_wrap=True, justify="center" if compact else "left")
+    for h in report.hosts:
+        row = [Text(h.host, style="bold" if h.ok else "bold red")]
+        for name in CHECKS:
+            r = h.get(name)
+            row.append(cell(r.status, r.short, compact) if r else Text(""))
+        out.add_row(*row)
+    return out
+
+
+def render_checks(report: Report, console: Console) -> None:
+    full = table(report)
+    natural = full.__rich_measure__(console, console.options.update_width(1 << 16)).maximum
+    console.print(full if natural <= console.width else table(report, compact=True))
+    for h in report.hosts:
+        for r in h.results:
+            if r.status in (WARN, FAIL) or (r.status == OK and r.hint):
+                console.print(Text.assemble((h.host, "bold"), " ", (r.name, "bold"), " ",
+                                            (r.status.upper(), STYLE[r.status]), ": ", r.detail))
+                if r.hint:
+                    console.print(Text(f"    hint: {r.hint}", style="dim"))
+    for note in report.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    failed = [h.host for h in report.hosts if not h.ok]
+    if failed:
+        console.print(Text(f"{len(failed)} of {len(report.hosts)} hosts failed: {', '.join(failed)}",
+                           style=STYLE[FAIL]))
+    else:
+        warned = [h.host for h in report.hosts if any(r.status == WARN for r in h.results)]
+        console.print(Text(f"all {len(report.hosts)} hosts pass" +
+                           (f" (warnings on {', '.join(warned)})" if warned else ""), style=STYLE[OK]))

@@ -1,0 +1,126 @@
+"""A run on the terminal: progress on stderr while connecting and pushing (a live view only on a terminal,
+and only until the ranks start), logs on stdout, then the root cause and the summary.
+
+One thread renders (the runner's main thread); worker threads only post events.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, Iterable
+
+from rich.text import Text
+
+from ..events import HostDone, HostProgress, LogLines, Notice, Phase, RankEnded
+from ..outcome import RunOutcome
+from ..states import RankState, RunState
+from .console import LogPrinter, console, mask_text
+
+
+class RunView:
+    """Renders a run's events: progress on stderr, logs on stdout."""
+
+    def __init__(self, *, quiet: bool = False, secrets: Iterable[str] = ()):
+        self.err = console(stderr=True)
+        self.logs = LogPrinter(secrets=secrets)
+        self.quiet = quiet
+        self._live = self.err.is_terminal and not quiet
+        self._progress = None  # a rich Progress while connecting and pushing on a terminal
+        self._tasks: Dict[tuple, int] = {}
+        self._phase_started = time.monotonic()
+        self._phase = ""
+        self._done: Dict[str, int] = {}
+
+    def handle(self, ev: object) -> None:
+        if isinstance(ev, LogLines):
+            self.logs.write(ev.host, ev.rank, ev.data)
+        elif isinstance(ev, Phase):
+            self._on_phase(ev)
+        elif isinstance(ev, HostProgress):
+            if self._progress is not None:
+                key = (ev.phase, ev.host)
+                if key not in self._tasks:
+                    self._tasks[key] = self._progress.add_task(f"{ev.phase} {ev.host}", total=ev.total or None)
+                self._progress.update(self._tasks[key], completed=ev.done, total=ev.total or None)
+        elif isinstance(ev, HostDone):
+            self._done[ev.phase] = self._done.get(ev.phase, 0) + 1
+            if self._progress is not None:
+                key = (ev.phase, ev.host)
+                if key in self._tasks:
+                    self._progress.update(self._tasks[key], completed=self._progress.tasks[self._tasks[key]].total or 1)
+                else:
+                    self._progress.console.print(Text(f"  {ev.host}: {ev.phase} done in {ev.seconds:.2f} s"
+                                                      + (f" ({ev.detail})" if ev.detail else ""), style="dim"))
+            elif not self.quiet and ev.phase == "push":
+                self.err.print(Text(f"  {ev.host}: pushed in {ev.seconds:.2f} s ({ev.detail})", style="dim"))
+        elif isinstance(ev, RankEnded):
+            style = "bold red" if ev.failed else "dim"
+            self.err.print(Text(f"[{ev.host} r{ev.rank}] ended: {ev.description}", style=style))
+        elif isinstance(ev, Notice):
+            style = {"error": "bold red", "warning": "yellow"}.get(ev.level, "")
+            self.err.print(Text(ev.text, style=style))
+
+    def _on_phase(self, ev: Phase) -> None:
+        if self._phase and not self.quiet:
+            took = time.monotonic() - self._phase_started
+            count = self._done.get(self._phase, 0)
+            self.err.print(Text(f"{self._phase}: {count} host{'s' if count != 1 else ''} in {took:.2f} s",
+                                style="dim"))
+        self._phase, self._phase_started = ev.name, time.monotonic()
+        if ev.name == "run":
+            self.close()
+            if not self.quiet:
+                self.err.print(Text(f"running: {ev.detail}", style="bold"))
+        elif self._live and self._progress is None:
+            # imported here: rich's progress and tables cost ~30 ms at start-up, and a launch needs them
+            # only on a terminal (progress) or at its end (tables)
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                      TransferSpeedColumn(), console=self.err, transient=True)
+            self._progress.start()
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    # -------------------------------------------------------------- endings
+
+    def outcome(self, outcome: RunOutcome) -> None:
+        self.close()
+        err = self.err
+        if outcome.state is RunState.RUNNING:
+            return
+        from rich.table import Table
+
+        if outcome.root_cause is not None:
+            rc = outcome.root_cause
+            table = Table(title="Root cause (first observed failure)", title_justify="left", show_lines=False)
+            for col in ("rank", "host", "result", "time", "log"):
+                table.add_column(col)
+            when = time.strftime("%H:%M:%S", time.localtime(rc.ended_at)) if rc.ended_at else "-"
+            table.add_row(str(rc.rank), rc.host, rc.describe(), when, rc.log_path)
+            err.print(table)
+            if rc.tail:
+                err.print(Text(f"last lines of rank {rc.rank}:", style="bold"))
+                for line in rc.tail:
+                    err.print(Text("  " + mask_text(line, self.logs.secrets)))
+            others = [r for r in outcome.ranks if RankState(r.state).failed and r.rank != rc.rank]
+            if others:
+                err.print(Text("other failed ranks: " + ", ".join(f"r{r.rank} on {r.host} ({r.describe()})"
+                                                                  for r in others), style="dim"))
+        summary = Table(title=f"run {outcome.run_id}: {outcome.state.value}", title_justify="left")
+        for col in ("rank", "host", "result", "duration"):
+            summary.add_column(col)
+        for r in outcome.ranks:
+            summary.add_row(str(r.rank), r.host, r.describe() if r.state is not RankState.SUCCEEDED else "ok",
+                            f"{r.duration:.1f} s" if r.duration is not None else "-")
+        err.print(summary)
+        if outcome.reason:
+            err.print(Text(outcome.reason, style="bold red" if outcome.exit_code else ""))
+        if outcome.cleanup_pending:
+            err.print(Text(f"not stopped on: {', '.join(outcome.cleanup_pending)} (unreachable); run "
+                           f"`clusterrun stop {outcome.run_id}` once they are back", style="bold yellow"))
+        err.print(Text(f"exit {outcome.exit_code} after {outcome.seconds:.1f} s; logs: clusterrun logs "
+                       f"{outcome.run_id}", style="dim"))
