@@ -52,6 +52,13 @@ def pdsh(cluster: BenchCluster, script: str, args: Sequence[str], folder: str,
     return argv, env
 
 
+def pdsh_command(cluster: BenchCluster, command: str) -> Tuple[List[str], Dict[str, str]]:
+    """pdsh running one command line on every host."""
+    env = {"PDSH_SSH_ARGS_APPEND": shlex.join(cluster.ssh_options())}
+    return ["pdsh", "-R", "ssh", "-l", cluster.user, "-f", str(max(32, cluster.n)),
+            "-w", ",".join(cluster.addresses), command], env
+
+
 def floor(cluster: BenchCluster) -> List[str]:
     return [sys.executable, str(TOOLS), "floor", "--hosts", ",".join(cluster.addresses), "--user", cluster.user,
             "--key", cluster.key, "--known-hosts", cluster.known_hosts]

@@ -31,9 +31,10 @@ from bench import report  # noqa: E402
 from bench.cluster import NAME, REPO, SUBNET, BenchCluster  # noqa: E402
 from bench.context import Context, repo_commit  # noqa: E402
 from bench.measure import Recorder  # noqa: E402
+from bench.sections import exec as exec_section  # noqa: E402
 from bench.sections import launch, logs, profile, push, teardown, training  # noqa: E402
 
-SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile")
+SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec")
 TRAINING_HOSTS = 4  # more ranks than this machine's cores would measure its scheduler, not the launcher
 
 
@@ -139,6 +140,8 @@ def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: in
         if hosts != max(a.host_list):
             return False
         profiles += profile.run_section(ctx, out, a.push_mb, a.push_files, a.log_lines)
+    elif name == "exec":
+        exec_section.run_section(ctx, reps)
     return True
 
 

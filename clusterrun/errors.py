@@ -69,8 +69,12 @@ class HostError(ClusterrunError):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        text = f"{self.host}: {self.reason}: {self.message}"
+        text = f"{self.host}: {self.reason}: {self.message}" + self.details()
         return f"{text}\n    hint: {self.hint}" if self.hint else text
+
+    def details(self) -> str:
+        """What a subclass adds between the message and the hint."""
+        return ""
 
 
 class ConnectError(HostError):
@@ -99,25 +103,30 @@ class HostKeyChanged(ConnectError):
 
 
 class RemoteCommandError(HostError):
-    """A command on a host ended badly (invoke's UnexpectedExit: command, exit code, output tail)."""
+    """A command on a host ended badly (invoke's UnexpectedExit: command, exit code, output tail).
+
+    `command_exit` is the remote command's exit status; `exit_code` stays clusterrun's own (1)."""
 
     reason = "command failed"
 
     def __init__(self, host: str, message: str, *, command: str = "", exit_code: Optional[int] = None,
                  output_tail: str = "", hint: str = ""):
         self.command = command
-        self.exit_code = exit_code
+        self.command_exit = exit_code
         self.output_tail = output_tail
         super().__init__(host, message, hint=hint)
 
-    def __str__(self) -> str:
-        text = super().__str__()
-        if self.exit_code is not None:
-            text += f" (exit {self.exit_code})"
+    def details(self) -> str:
+        text = f" (exit {self.command_exit})" if self.command_exit is not None else ""
         if self.output_tail:
-            tail = "\n".join("    | " + line for line in self.output_tail.rstrip().splitlines()[-8:])
-            text += "\n" + tail
+            text += "\n" + "\n".join("    | " + line for line in self.output_tail.rstrip().splitlines()[-8:])
         return text
+
+
+class SetupError(RemoteCommandError):
+    """A job.setup command failed on a host (nothing was started)."""
+
+    reason = "setup failed"
 
 
 class CommandTimeout(RemoteCommandError):

@@ -29,12 +29,31 @@ class HostDone:
 
 @dataclass(frozen=True)
 class LogLines:
-    """Whole lines (bytes, each ending in a newline) of one rank, in order."""
+    """Whole lines (bytes, each ending in a newline) of one rank, in order; or, with `stream` set, of one
+    of a host's other outputs (its setup, torchrun's own messages), shown as `[host stream]`."""
 
     host: str
     node_rank: int
     rank: int
     data: bytes
+    stream: str = ""
+
+
+@dataclass(frozen=True)
+class RankSeen:
+    """Under torchrun: a host's workers got their global ranks from the rendezvous; this rank is there."""
+
+    node_rank: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class HostRestarts:
+    """torchrun restarted a host's workers (job.restarts): how many times so far."""
+
+    node_rank: int
+    host: str
+    restarts: int
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ one that ended first on the controller's clock (host clocks corrected), ties bro
 
 from __future__ import annotations
 
+import re
 import signal as _signal
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence, Tuple
@@ -85,6 +86,23 @@ def exit_state(info: Mapping) -> RankState:
     if info.get("stopped"):
         return RankState.STOPPED
     return RankState.FAILED
+
+
+# What a rank's last lines say → what the user should change (one line, under the root cause).
+_HINTS = (
+    (re.compile(r"unrecognized arguments:.*--(rank|world-size)"),
+     "the script does not take --rank/--world-size: set job.rank_flags: false (it gets RANK, WORLD_SIZE, "
+     "LOCAL_RANK, MASTER_ADDR and MASTER_PORT in its environment), or launcher: torchrun"),
+    (re.compile(r"arguments are required:.*--(rank|world-size)"),
+     "the script wants --rank/--world-size: set job.rank_flags: true, or pass them in job.args with "
+     "placeholders ({rank}, {world_size})"),
+)
+
+
+def hint_for(result: RankResult) -> str:
+    """A hint for the root cause, from the rank's last log lines ("" when none applies)."""
+    text = "\n".join(result.tail)
+    return next((hint for pattern, hint in _HINTS if pattern.search(text)), "")
 
 
 def signal_name(sig: int) -> str:

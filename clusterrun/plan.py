@@ -1,16 +1,24 @@
 """Inventory → LaunchPlan: pure data for every rank (host, ranks, argv, env, remote paths).
 
-Ranks follow torchrun's contract so scripts written for torchrun run unchanged, and get
-`--rank i --world-size n` on the command line for scripts written the tutorials' way.
+Three ways to start a job, for the three kinds of scripts people have:
+- launcher python, rank_flags true (the tutorials' way): `python SCRIPT --rank i --world-size n ARGS`;
+- launcher python, rank_flags false (scripts written for torchrun): `python SCRIPT ARGS`, the rank in the
+  environment only (torchrun's contract: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...);
+- launcher torchrun: one `python -m torch.distributed.run` per host, which starts the host's workers.
+Placeholders in args and env values ({rank}, {dist_url}, ...) are rendered here, per rank (per host
+under torchrun).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
 
 from .errors import UsageError
+from .config import placeholders
 from .config.inventory import Host, Inventory
 
 # Variables clusterrun owns for every rank; an inventory env: that sets one would break the contract.
@@ -18,7 +26,11 @@ CONTRACT_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_R
                 "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "CLUSTERRUN_RUN_ID", "CLUSTERRUN_NODE_NAME", "CLUSTERRUN_DIST_URL", "CLUSTERRUN_DIST_BACKEND",
                 "CLUSTERRUN_TIMEOUT")
+# What torchrun sets for each worker itself (with the ranks its rendezvous gave): not ours to set there.
+PER_WORKER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                  "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 SOFT_DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}  # ranks flush per line unless the user says otherwise
+TORCHRUN = ("-m", "torch.distributed.run")
 AUTO_PORT = "auto"
 MASK = "***"
 
@@ -38,7 +50,10 @@ class NodePlan:
     node_rank: int
     host: Host
     run_dir: str  # on the host; may start with ~ (expanded there)
-    ranks: Tuple[RankSpec, ...]
+    ranks: Tuple[RankSpec, ...]  # under torchrun: the ranks expected here; its rendezvous decides
+    torchrun: Tuple[str, ...] = ()  # launcher torchrun: `python -m torch.distributed.run` and its options
+    entry: Tuple[str, ...] = ()  # launcher torchrun: what each worker runs (script or -m module, args)
+    env: Mapping[str, str] = field(default_factory=dict)  # launcher torchrun: the env torchrun gets
 
     @property
     def job_dir(self) -> str:
@@ -57,6 +72,7 @@ class LaunchPlan:
     time_limit_s: Optional[float]
     nodes: Tuple[NodePlan, ...]
     secret_names: Tuple[str, ...]
+    launcher: str = "python"
 
     @property
     def ranks(self) -> Tuple[RankSpec, ...]:
@@ -79,8 +95,8 @@ def init_url(inv: Inventory, run_id: str, addr: str, port: str) -> str:
 
 def build_plan(inv: Inventory, run_id: str, *, master_port: Optional[int] = None) -> LaunchPlan:
     """Place ranks on hosts in list order (global rank = node order x slots) and fill in argv and env."""
-    if inv.job.script is None:
-        raise UsageError(f"{inv.path}: no job script; give one with --script PATH or job.script")
+    if inv.job.entry is None:
+        raise UsageError(f"{inv.path}: no job script; give one with --script PATH or job.script (or job.module)")
     for host in inv.hosts:
         taken = sorted(set(host.env) & set(CONTRACT_ENV))
         if taken:
@@ -90,31 +106,88 @@ def build_plan(inv: Inventory, run_id: str, *, master_port: Optional[int] = None
     world = sum(h.slots for h in inv.hosts)
     master_addr = inv.hosts[0].master_addr
     url = init_url(inv, run_id, master_addr, port_text)
+    common = {"world_size": world, "nnodes": len(inv.hosts), "master_addr": master_addr, "master_port": port_text,
+              "dist_url": url, "run_id": run_id, "attempt": 0}
     nodes = []
     rank = 0
     for node_rank, host in enumerate(inv.hosts):
+        values = {**common, "node_rank": node_rank, "nproc_per_node": host.slots}
         ranks = []
         for local_rank in range(host.slots):
-            env: Dict[str, str] = {**SOFT_DEFAULT_ENV, **host.env}
-            env.update({
-                "RANK": str(rank), "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(host.slots),
-                "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(len(inv.hosts)),
-                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "NODE_RANK": str(node_rank),
-                "MASTER_ADDR": master_addr, "MASTER_PORT": port_text,
-                "CLUSTERRUN_RUN_ID": run_id, "CLUSTERRUN_NODE_NAME": host.name,
-                "CLUSTERRUN_DIST_URL": url, "CLUSTERRUN_DIST_BACKEND": inv.job.backend,
-                "CLUSTERRUN_TIMEOUT": str(int(inv.job.timeout_s)),
-            })
-            argv = (host.python, inv.job.script, "--rank", str(rank), "--world-size", str(world)) + inv.job.args
-            ranks.append(RankSpec(rank=rank, local_rank=local_rank, node_rank=node_rank, host_name=host.name,
-                                  argv=argv, env=env))
+            ranks.append(_rank(inv, host, dict(values, rank=rank, local_rank=local_rank), port_text))
             rank += 1
-        nodes.append(NodePlan(node_rank=node_rank, host=host, run_dir=run_dir_for(host, run_id),
-                              ranks=tuple(ranks)))
+        node = NodePlan(node_rank=node_rank, host=host, run_dir=run_dir_for(host, run_id), ranks=tuple(ranks))
+        if inv.job.launcher == "torchrun":
+            node = _torchrun_node(inv, node, values, port_text)
+        nodes.append(node)
     return LaunchPlan(run_id=run_id, world_size=world, master_addr=master_addr, master_port=port,
                       init_url=url, backend=inv.job.backend, timeout_s=inv.job.timeout_s,
-                      time_limit_s=inv.job.time_limit_s, nodes=tuple(nodes), secret_names=inv.secrets)
+                      time_limit_s=inv.job.time_limit_s, nodes=tuple(nodes), secret_names=inv.secrets,
+                      launcher=inv.job.launcher)
+
+
+def _contract_env(inv: Inventory, host: Host, values: Mapping[str, object], port_text: str) -> Dict[str, str]:
+    """torchrun's contract (what its workers get), plus clusterrun's own variables, for one rank."""
+    return {
+        "RANK": str(values["rank"]), "WORLD_SIZE": str(values["world_size"]),
+        "LOCAL_RANK": str(values["local_rank"]), "LOCAL_WORLD_SIZE": str(host.slots),
+        "GROUP_RANK": str(values["node_rank"]), "GROUP_WORLD_SIZE": str(len(inv.hosts)),
+        "ROLE_RANK": str(values["rank"]), "ROLE_WORLD_SIZE": str(values["world_size"]),
+        "NODE_RANK": str(values["node_rank"]), "MASTER_ADDR": str(values["master_addr"]), "MASTER_PORT": port_text,
+        "CLUSTERRUN_RUN_ID": str(values["run_id"]), "CLUSTERRUN_NODE_NAME": host.name,
+        "CLUSTERRUN_DIST_URL": str(values["dist_url"]), "CLUSTERRUN_DIST_BACKEND": inv.job.backend,
+        "CLUSTERRUN_TIMEOUT": str(int(inv.job.timeout_s)),
+    }
+
+
+def _rank(inv: Inventory, host: Host, values: Mapping[str, object], port_text: str) -> RankSpec:
+    job = inv.job
+    env: Dict[str, str] = {**SOFT_DEFAULT_ENV, **{k: placeholders.render(v, values) for k, v in host.env.items()}}
+    env.update(_contract_env(inv, host, values, port_text))
+    flags = ("--rank", str(values["rank"]), "--world-size", str(values["world_size"])) if job.rank_flags else ()
+    argv = (host.python, *job.entry, *flags, *(placeholders.render(a, values) for a in job.args))
+    return RankSpec(rank=int(values["rank"]), local_rank=int(values["local_rank"]), node_rank=int(values["node_rank"]),
+                    host_name=host.name, argv=argv, env=env)
+
+
+def _torchrun_node(inv: Inventory, node: NodePlan, values: Mapping[str, object], port_text: str) -> NodePlan:
+    """One `python -m torch.distributed.run` for the host: c10d rendezvous at rank 0's host and the master port,
+    the run id as rendezvous id, this host's own address for its workers' peers to reach."""
+    host, job = node.host, inv.job
+    addr = str(values["master_addr"])
+    endpoint = f"[{addr}]:{port_text}" if ":" in addr else f"{addr}:{port_text}"
+    torchrun = (host.python, *TORCHRUN, "--nnodes", str(len(inv.hosts)), "--node-rank", str(node.node_rank),
+                "--nproc-per-node", str(host.slots), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                "--rdzv-id", str(values["run_id"]), "--max-restarts", str(job.restarts),
+                "--local-addr", host.master_addr)
+    entry = (*job.entry, *(placeholders.render(a, values) for a in job.args))
+    env = {k: v for k, v in node.ranks[0].env.items() if k not in PER_WORKER_ENV} if node.ranks else {}
+    # After a restart, workers that share the agents' rendezvous store can read the previous round's keys
+    # (gloo then connects to addresses of workers that are gone): a fresh store per round avoids that.
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env.update({k: placeholders.render(v, values) for k, v in host.env.items()})
+    return NodePlan(node_rank=node.node_rank, host=host, run_dir=node.run_dir, ranks=node.ranks, torchrun=torchrun,
+                    entry=entry, env=env)
+
+
+def setup_request(inv: Inventory, plan: LaunchPlan, node: NodePlan, files: Mapping[str, object],
+                  secrets: Mapping[str, str]) -> dict:
+    """What the host's setup step gets (remote/host/setup.py): the commands, a key that changes when the
+    commands, the pushed files they run beside (files: the push manifest's wire form) or the host's Python
+    change, the deadline, and the environment (the host's env:, clusterrun's variables, the secrets)."""
+    key = hashlib.sha256(json.dumps({"commands": list(inv.job.setup), "files": files, "python": node.host.python},
+                                    sort_keys=True).encode()).hexdigest()
+    first = node.ranks[0].env if node.ranks else {}
+    env = {k: v for k, v in first.items() if k not in PER_WORKER_ENV}
+    env.update({"CLUSTERRUN_NODE_RANK": str(node.node_rank), "CLUSTERRUN_PYTHON": node.host.python})
+    env.update({name: secrets[name] for name in plan.secret_names})
+    return {"commands": list(inv.job.setup), "key": key, "timeout": inv.timeouts.setup, "env": env}
+
+
+def node_command(node: NodePlan) -> Tuple[str, ...]:
+    """The host's torchrun command line as a user would type it (clusterrun slips its worker shim in
+    before the entry: see remote/host/worker.py)."""
+    return node.torchrun + node.entry
 
 
 def rank_env(plan: LaunchPlan, rank: RankSpec, secrets: Mapping[str, str]) -> Dict[str, str]:
@@ -128,6 +201,12 @@ def render_rank_command(plan: LaunchPlan, node: NodePlan, rank: RankSpec) -> str
     return f"cd {shell_path(node.job_dir)} && " + shlex.join(["env", *env, *rank.argv])
 
 
+def render_node_command(plan: LaunchPlan, node: NodePlan) -> str:
+    """Under torchrun: what the host runs, as one shell line (secrets masked)."""
+    env = [f"{k}={v}" for k, v in node.env.items()] + [f"{k}={MASK}" for k in plan.secret_names]
+    return f"cd {shell_path(node.job_dir)} && " + shlex.join(["env", *env, *node_command(node)])
+
+
 def shell_path(path: str) -> str:
     """Quote a path for a POSIX shell but leave a leading ~/ to be expanded there."""
     return "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
@@ -139,8 +218,10 @@ def plan_to_dict(plan: LaunchPlan) -> dict:
         "run_id": plan.run_id, "world_size": plan.world_size, "master_addr": plan.master_addr,
         "master_port": plan.master_port, "init_url": plan.init_url, "backend": plan.backend,
         "timeout_s": plan.timeout_s, "time_limit_s": plan.time_limit_s, "secret_names": list(plan.secret_names),
+        "launcher": plan.launcher,
         "nodes": [{"node_rank": n.node_rank, "name": n.host.name, "host": n.host.host,
                    "connection": n.host.connection, "run_dir": n.run_dir,
+                   **({"command": list(node_command(n)), "env": dict(n.env)} if n.torchrun else {}),
                    "ranks": [{"rank": r.rank, "local_rank": r.local_rank, "argv": list(r.argv),
                               "env": dict(r.env)} for r in n.ranks]} for n in plan.nodes],
     }

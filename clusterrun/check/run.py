@@ -79,18 +79,19 @@ def _push_size(inv: Inventory) -> Tuple[Optional[int], str]:
         return None, str(exc)
 
 
-def _ssh_ok(host: Host, seconds: float) -> CheckResult:
+def _ssh_ok(host: Host, seconds: float, route: str = "") -> CheckResult:
     if host.connection == "local":
         return CheckResult("ssh", OK, "local host (no SSH)", "", "local")
     meaning = {"strict": "strict: unknown hosts refused",
                "accept-new": "accept-new: new hosts recorded, changed keys refused"}.get(host.host_key_policy, "")
     return CheckResult("ssh", OK, f"{host.user + '@' if host.user else ''}{host.host} in {seconds * 1000:.0f} ms; "
-                                  f"host key verified ({meaning})", "",
-                       f"{seconds * 1000:.0f} ms", {"seconds": round(seconds, 4), "policy": host.host_key_policy})
+                                  f"host key verified ({meaning})" + (f"; {route}" if route else ""), "",
+                       f"{seconds * 1000:.0f} ms", {"seconds": round(seconds, 4), "policy": host.host_key_policy,
+                                                    "route": route})
 
 
 def _no_answer(exc: HostError, python: str) -> CheckResult:
-    if isinstance(exc, RemoteCommandError) and exc.exit_code == 127:
+    if isinstance(exc, RemoteCommandError) and exc.command_exit == 127:
         return probe_failed(python, 127, exc.message)
     return CheckResult("python", FAIL, f"{exc.reason}: {exc.message}", exc.hint, "no answer")
 
@@ -146,7 +147,7 @@ class _Session:
             return Observed(host, node_rank, ssh_failed(exc))
         with self._lock:
             self.clients.append(client)
-        ssh = _ssh_ok(host, time.monotonic() - started)
+        ssh = _ssh_ok(host, time.monotonic() - started, getattr(client, "route", ""))
         deadline = time.monotonic() + t.command
         try:  # first, so that the slow torch import overlaps everything else
             facts = Started(client.transport, host.python, "facts", {

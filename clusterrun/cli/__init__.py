@@ -27,11 +27,12 @@ def group() -> None:
 
 def _register() -> None:
     from .check import check
+    from .execute import execute
     from .launch import launch
     from .runs import logs, ps, stop
     from .sweep import sweep
 
-    for command in (launch, ps, logs, stop, check, sweep):
+    for command in (launch, ps, logs, stop, check, execute, sweep):
         group.add_command(command)
 
 

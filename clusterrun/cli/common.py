@@ -14,12 +14,13 @@ from ..errors import SecretMissing
 STOP_SIGNALS: Tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def load(path: str, script: Optional[str] = None, args: Optional[Sequence[str]] = None) -> Inventory:
-    """The inventory with --script and -- ARGS applied, SSH hosts' addresses filled from ~/.ssh/config."""
-    inv = with_overrides(load_inventory(path), script=script, args=list(args) if args else None)
+def load(path: str, script: Optional[str] = None, args: Optional[Sequence[str]] = None,
+         module: Optional[str] = None) -> Inventory:
+    """The inventory with --script/--module and -- ARGS applied, SSH hosts' addresses filled from ~/.ssh/config."""
+    inv = with_overrides(load_inventory(path), script=script, args=list(args) if args else None, module=module)
     if any(h.connection == "ssh" for h in inv.hosts):
         from ..config.ssh_config import with_config_addresses
-        from ..transport.ssh import config_options
+        from ..transport.openssh import config_options
 
         inv = with_config_addresses(inv, config_options())
     return inv

@@ -15,19 +15,20 @@ from .common import forward_signals, load, secrets_of, store
 @click.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--script", help="Training script (overrides job.script), relative to this directory.")
+@click.option("--module", help="Run `python -m MODULE` in the pushed root instead (overrides job.script/module).")
 @click.option("--dry-run", is_flag=True, help="Show the rank table and each host's command; touch nothing.")
 @click.option("--detach", is_flag=True, help="Return once every rank has started; print the run id.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
-def launch(inventory: str, script: Optional[str], dry_run: bool, detach: bool, as_json: bool,
-           job_args: Sequence[str]) -> int:
+def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run: bool, detach: bool,
+           as_json: bool, job_args: Sequence[str]) -> int:
     """Push the job to every host of INVENTORY, start all ranks, stream their logs, stop all on failure.
 
     Arguments after `--` replace job.args: clusterrun launch inv.yaml -- --epochs 3
     """
     from ..registry.store import new_run_id
 
-    inv = load(inventory, script, job_args)
+    inv = load(inventory, script, job_args, module=module)
     check_job_files(inv)
     run_id = new_run_id()
     if dry_run:  # shows secret names only, so it needs no values
@@ -41,13 +42,28 @@ def _dry_run(inv: Inventory, run_id: str, as_json: bool) -> int:
     from ..ui.tables import show_plan
 
     plan = build_plan(inv, run_id)
+    routes = _routes(inv)
     if as_json:
         data = plan_to_dict(plan)
         data["secrets"] = {name: MASK for name in plan.secret_names}
+        for node in data["nodes"]:
+            if node["name"] in routes:
+                node["ssh"] = routes[node["name"]].to_json()
         click.echo(json.dumps(data, indent=2))
     else:
-        show_plan(plan, console(stderr=False))
+        show_plan(plan, console(stderr=False), {name: t.provenance() for name, t in routes.items()})
     return 0
+
+
+def _routes(inv: Inventory) -> dict:
+    """name -> SshTarget of each SSH host (each value with where it came from); nothing connects."""
+    if not any(h.connection == "ssh" for h in inv.hosts):
+        return {}
+    from ..config.ssh_config import ssh_target
+    from ..transport.openssh import config_options
+
+    options = config_options()
+    return {h.name: ssh_target(h, options) for h in inv.hosts if h.connection == "ssh"}
 
 
 def _launch(inv: Inventory, run_id: str, secrets: dict, detach: bool) -> int:

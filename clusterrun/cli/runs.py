@@ -74,19 +74,27 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
                          f"(it has ranks 0-{len(host_of) - 1})")
     err = console(stderr=True)
 
+    def show(path: str, host: str, rank: Optional[int], stream: str = "") -> None:
+        if not os.path.exists(path):
+            return
+        if tail is not None:
+            data = "".join(line + "\n" for line in tail_lines(path, tail)).encode()
+            if data:
+                printer.write(host, rank, data, stream)
+            return
+        splitter = LineSplitter()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                printer.write(host, rank, splitter.feed(chunk), stream)
+        printer.write(host, rank, splitter.flush(), stream)
+
     def show_copies() -> None:
+        if not ranks:  # each host's other output first: its setup, torchrun's own messages
+            for h in record.hosts:
+                for stream in ("setup", "torchrun"):
+                    show(registry.aux_log_path(run_id, h.name, stream), h.name, None, stream)
         for rank in sorted(wanted):
-            path = registry.log_path(run_id, rank)
-            if tail is not None:
-                data = "".join(line + "\n" for line in tail_lines(path, tail)).encode()
-                if data:
-                    printer.write(host_of[rank], rank, data)
-                continue
-            splitter = LineSplitter()
-            with open(path, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    printer.write(host_of[rank], rank, splitter.feed(chunk))
-            printer.write(host_of[rank], rank, splitter.flush())
+            show(registry.log_path(run_id, rank), host_of[rank], rank)
 
     stop_flag: List[bool] = []
     with forward_signals(lambda: stop_flag.append(True)):

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import yaml
 
 from ..errors import InventoryError, Problem, UsageError
+from . import placeholders
 from .hostfile import HOSTNAME_RE, looks_like_hostfile, parse_hostfile
 from .yaml_nodes import STR as STR_TAG
 from .yaml_nodes import NodeReader, compose
@@ -23,9 +24,11 @@ from .yaml_nodes import NodeReader, compose
 HOST_KEYS = ("user", "port", "identity_file", "known_hosts", "host_key_policy", "python", "workdir",
              "connection", "env", "proxy_jump", "slots")
 HOST_ONLY_KEYS = ("name", "host", "addr")
-JOB_KEYS = ("root", "script", "args", "sync", "exclude", "init_method", "backend", "timeout", "time_limit",
-            "shared_dir")
-TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace")
+JOB_KEYS = ("root", "script", "module", "args", "rank_flags", "launcher", "setup", "restarts", "sync", "exclude",
+            "init_method", "backend", "timeout", "time_limit", "shared_dir")
+TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace", "setup")
+LAUNCHERS = ("python", "torchrun")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts")
 
 # What may reach an SSH command line or a file name is held to plain characters; everything else (env
@@ -67,8 +70,8 @@ class Host:
 @dataclass(frozen=True)
 class Job:
     root: str  # absolute folder that job paths are relative to and that is mirrored on the hosts
-    script: Optional[str]  # relative POSIX path under root; None only for a bare hostfile
-    args: Tuple[str, ...]
+    script: Optional[str]  # relative POSIX path under root; None for a module job, or a bare hostfile
+    args: Tuple[str, ...]  # may hold placeholders ({rank}, {dist_url}, ...: config/placeholders.py)
     sync: Tuple[str, ...]
     exclude: Tuple[str, ...]
     init_method: str  # "env" | "tcp" | "file"
@@ -76,6 +79,22 @@ class Job:
     timeout_s: float
     time_limit_s: Optional[float]
     shared_dir: Optional[str]
+    module: Optional[str] = None  # `python -m MODULE` (run in the pushed root) instead of a script
+    rank_flags: bool = True  # `--rank i --world-size n` before the args (the tutorials' way)
+    launcher: str = "python"  # python: one process per rank | torchrun: torch.distributed.run per host
+    setup: Tuple[str, ...] = ()  # shell commands run on each host in the job folder before any rank starts
+    restarts: int = 0
+
+    @property
+    def entry(self) -> Optional[Tuple[str, ...]]:
+        """What follows the interpreter: (script,) or ("-m", module); None when neither is set yet."""
+        if self.module:
+            return ("-m", self.module)
+        return (self.script,) if self.script else None
+
+    @property
+    def entry_text(self) -> str:
+        return f"-m {self.module}" if self.module else (self.script or "")
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,7 @@ class Timeouts:
     command: float = 60.0  # any one remote command
     host_lost: float = 15.0  # no heartbeat from a host for this long: the host is lost
     grace: float = 10.0  # TERM → KILL
+    setup: float = 600.0  # job.setup on one host, all its commands
 
 
 @dataclass(frozen=True)
@@ -122,31 +142,66 @@ def _read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
         value = r.string(get("script"), "job.script")
         if value is not None:
             script = _rel_job_path(r, get("script"), "job.script", value, root)
-    args = tuple(r.string_list(get("args"), "job.args", numbers_ok=True)) if get("args") is not None else ()
-    sync: List[str] = []
-    if get("sync") is not None:
-        for i, value in enumerate(r.string_list(get("sync"), "job.sync")):
-            rel = _rel_job_path(r, get("sync").value[i], f"job.sync[{i}]", value, root)
-            if rel is not None:
-                sync.append(rel + ("/" if value.endswith("/") and rel != "." else ""))
-    exclude = tuple(r.string_list(get("exclude"), "job.exclude")) if get("exclude") is not None else ()
+    module = _read_module(r, get("module"), has_script=get("script") is not None)
+    launcher = r.choice(get("launcher"), "job.launcher", LAUNCHERS) if get("launcher") is not None else "python"
+    launcher = launcher or "python"
+    rank_flags = r.boolean(get("rank_flags"), "job.rank_flags") if get("rank_flags") is not None else None
+    if rank_flags and launcher == "torchrun":
+        r.error(get("rank_flags"), "job.rank_flags", "launcher: torchrun gives every worker its rank in RANK; "
+                                                      "it cannot add --rank to each worker's arguments")
+    args = tuple(r.string_list(get("args"), "job.args", numbers_ok=True,
+                               check=lambda v: placeholders.check(v, per_worker_ok=launcher != "torchrun"))) \
+        if get("args") is not None else ()
     init_method = r.choice(get("init_method"), "job.init_method", ("env", "tcp", "file")) \
         if get("init_method") is not None else "env"
+    if launcher == "torchrun" and init_method not in (None, "env"):
+        r.error(get("init_method"), "job.init_method", "launcher: torchrun makes the rendezvous itself and hands "
+                                                        "each worker env://; leave init_method at env")
     backend = r.choice(get("backend"), "job.backend", ("gloo", "nccl")) if get("backend") is not None else "gloo"
     timeout = r.duration(get("timeout"), "job.timeout") if get("timeout") is not None else 1800.0
     time_limit = r.duration(get("time_limit"), "job.time_limit") if get("time_limit") is not None else None
-    shared_dir = None
-    if get("shared_dir") is not None:
-        shared_dir = r.string(get("shared_dir"), "job.shared_dir")
-        if shared_dir is not None and not shared_dir.startswith("/"):
-            r.error(get("shared_dir"), "job.shared_dir", "must be an absolute path that every host shares")
-            shared_dir = None
+    shared_dir = _read_shared_dir(r, get("shared_dir"))
     if init_method == "file" and shared_dir is None and not any(p.key == "job.shared_dir" for p in r.problems):
         r.error(get("init_method"), "job.init_method",
                 "init_method: file needs job.shared_dir, a folder every host sees at the same path")
-    return Job(root=root, script=script, args=args, sync=tuple(sync), exclude=DEFAULT_EXCLUDES + exclude,
-               init_method=init_method or "env", backend=backend or "gloo", timeout_s=timeout or 1800.0,
-               time_limit_s=time_limit, shared_dir=shared_dir)
+    setup = tuple(r.string_list(get("setup"), "job.setup", nonempty=True)) if get("setup") is not None else ()
+    restarts = r.integer(get("restarts"), "job.restarts", 0, 1000) if get("restarts") is not None else 0
+    exclude = tuple(r.string_list(get("exclude"), "job.exclude")) if get("exclude") is not None else ()
+    return Job(root=root, script=script, args=args, sync=tuple(_read_sync(r, get("sync"), root)),
+               exclude=DEFAULT_EXCLUDES + exclude, init_method=init_method or "env", backend=backend or "gloo",
+               timeout_s=timeout or 1800.0, time_limit_s=time_limit, shared_dir=shared_dir, module=module,
+               rank_flags=launcher == "python" if rank_flags is None else rank_flags, launcher=launcher,
+               setup=setup, restarts=restarts or 0)
+
+
+def _read_module(r: NodeReader, node: Optional[yaml.Node], has_script: bool) -> Optional[str]:
+    if node is None:
+        return None
+    value = r.string(node, "job.module", pattern=MODULE_RE, what="Python module name (pkg.train)")
+    if value is not None and has_script:
+        r.error(node, "job.module", "give job.script or job.module, not both")
+        return None
+    return value
+
+
+def _read_sync(r: NodeReader, node: Optional[yaml.Node], root: str) -> List[str]:
+    sync: List[str] = []
+    if node is not None:
+        for i, value in enumerate(r.string_list(node, "job.sync")):
+            rel = _rel_job_path(r, node.value[i], f"job.sync[{i}]", value, root)
+            if rel is not None:
+                sync.append(rel + ("/" if value.endswith("/") and rel != "." else ""))
+    return sync
+
+
+def _read_shared_dir(r: NodeReader, node: Optional[yaml.Node]) -> Optional[str]:
+    if node is None:
+        return None
+    shared_dir = r.string(node, "job.shared_dir")
+    if shared_dir is not None and not shared_dir.startswith("/"):
+        r.error(node, "job.shared_dir", "must be an absolute path that every host shares")
+        return None
+    return shared_dir
 
 
 def _read_host_settings(r: NodeReader, entries: Dict[str, Tuple[yaml.Node, yaml.Node]], key: str) -> dict:
@@ -165,7 +220,8 @@ def _read_host_settings(r: NodeReader, entries: Dict[str, Tuple[yaml.Node, yaml.
         elif name == "connection":
             out[name] = r.choice(vnode, path, ("ssh", "local"))
         elif name == "env":
-            out[name] = r.string_map(vnode, path, key_pattern=ENV_NAME_RE, key_what="environment variable name")
+            out[name] = r.string_map(vnode, path, key_pattern=ENV_NAME_RE, key_what="environment variable name",
+                                     check=lambda v: placeholders.check(v, per_worker_ok=r.context != "torchrun"))
         elif name == "proxy_jump":
             out[name] = r.string(vnode, path, pattern=JUMP_RE, what="ProxyJump spec ([user@]host[:port][,...])")
         elif name in HOST_KEYS:
@@ -211,17 +267,18 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
         vnode = top["version"][1]
         if r.integer(vnode, "version", 1, 1_000_000) not in (None, 1):
             r.error(vnode, "version", f"this clusterrun reads inventory version 1, not {vnode.value}")
+    job = _read_job(r, top["job"][1] if "job" in top else None, base_dir)
+    r.context = job.launcher  # env: values may not use per-worker placeholders under torchrun
     defaults: dict = {}
     if "defaults" in top:
         defaults = _read_host_settings(r, r.mapping(top["defaults"][1], "defaults", HOST_KEYS), "defaults")
     hosts = _read_hosts(r, top["hosts"][1], defaults, base_dir, local_python, read_text) if "hosts" in top else []
     master_port = _read_master(r, top["master"][1]) if "master" in top else 29500
-    job = _read_job(r, top["job"][1] if "job" in top else None, base_dir)
     secrets = tuple(r.string_list(top["secrets"][1], "secrets", pattern=ENV_NAME_RE,
                                   what="environment variable name")) if "secrets" in top else ()
     timeouts = _read_timeouts(r, top["timeouts"][1]) if "timeouts" in top else Timeouts()
     if r.problems:
-        raise InventoryError(r.problems)
+        raise InventoryError(sorted(r.problems, key=lambda p: (p.line, p.column)))
     return _checked(Inventory(path=file, hosts=tuple(hosts), master_port=master_port, job=job,
                               secrets=secrets, timeouts=timeouts), file)
 
@@ -323,32 +380,64 @@ def _read_text(path: str) -> str:
 
 
 def with_overrides(inv: Inventory, *, script: Optional[str] = None, args: Optional[Sequence[str]] = None,
-                   cwd: Optional[str] = None) -> Inventory:
-    """Apply `--script PATH` (relative to cwd) and `-- ARGS` from the command line."""
+                   cwd: Optional[str] = None, module: Optional[str] = None) -> Inventory:
+    """Apply `--script PATH` (relative to cwd) or `--module NAME`, and `-- ARGS` from the command line."""
     job = inv.job
+    if script is not None and module is not None:
+        raise UsageError("give --script or --module, not both")
     if script is not None:
         full = os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(script)))
         root = job.root
         if not (full == root or full.startswith(root.rstrip(os.sep) + os.sep)):
             raise UsageError(f"--script {script}: {full} is outside the job root {root}; "
                              "set job.root in the inventory to a folder that holds it")
-        job = replace(job, script=os.path.relpath(full, root).replace(os.sep, "/"))
+        job = replace(job, script=os.path.relpath(full, root).replace(os.sep, "/"), module=None)
+    if module is not None:
+        if not MODULE_RE.match(module):
+            raise UsageError(f"--module {module!r} is not a Python module name (pkg.train)")
+        job = replace(job, module=module, script=None)
     if args is not None:
+        for arg in args:
+            problem = placeholders.check(arg, per_worker_ok=job.launcher != "torchrun")
+            if problem:
+                raise UsageError(f"argument {arg!r} after --: {problem}")
         job = replace(job, args=tuple(args))
     return replace(inv, job=job)
 
 
+def entry_paths(job: Job) -> List[str]:
+    """What the job's entry point needs pushed, relative to the root: the script, or the module's top-level
+    package folder (or single file)."""
+    if job.module:
+        top = job.module.split(".")[0]
+        return [top if os.path.isdir(os.path.join(job.root, top)) else f"{top}.py"]
+    return [job.script] if job.script else []
+
+
+def _module_problem(job: Job) -> Optional[str]:
+    parts = job.module.split(".")
+    base = os.path.join(job.root, *parts)
+    if os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__main__.py")):
+        return None
+    return (f"job.module {job.module}: neither {base}.py nor {base}/__main__.py exists under the job root "
+            f"{job.root} (python -m runs in the pushed copy of the root)")
+
+
 def check_job_files(inv: Inventory) -> None:
-    """The script and every sync path exist under the root, and no symlink leads out of it."""
+    """The entry point and every sync path exist under the root, and no symlink leads out of it."""
     job = inv.job
     problems = []
-    if job.script is None:
-        raise UsageError(f"{inv.path}: no job script; give one with --script PATH or job.script")
+    if job.entry is None:
+        raise UsageError(f"{inv.path}: no job script; give one with --script PATH or job.script (or job.module)")
     root = os.path.realpath(job.root)
-    for key, rel in [("job.script", job.script)] + [(f"job.sync[{i}]", s) for i, s in enumerate(job.sync)]:
+    if job.module and _module_problem(job):
+        problems.append(_module_problem(job))
+    named = [("job.script", job.script)] if job.script else [("job.module", p) for p in entry_paths(job)]
+    for key, rel in named + [(f"job.sync[{i}]", s) for i, s in enumerate(job.sync)]:
         full = os.path.join(job.root, rel)
         if not os.path.lexists(full):
-            problems.append(f"{key}: {full} does not exist")
+            if key != "job.module":  # the module's own problem says it better
+                problems.append(f"{key}: {full} does not exist")
             continue
         real = os.path.realpath(full)
         if real != root and not real.startswith(root + os.sep):
@@ -362,8 +451,9 @@ def check_job_files(inv: Inventory) -> None:
 def inventory_from_snapshot(data: dict) -> Inventory:
     """The Inventory recorded with a run (see runner.inventory_snapshot), to reach its hosts again."""
     job = dict(data["job"])
-    for key in ("args", "sync", "exclude"):
-        job[key] = tuple(job[key])
+    for key in ("args", "sync", "exclude", "setup"):
+        if key in job:
+            job[key] = tuple(job[key])
     return Inventory(path=data["path"], hosts=tuple(Host(**h) for h in data["hosts"]),
                      master_port=data["master_port"], job=Job(**job), secrets=tuple(data["secrets"]),
                      timeouts=Timeouts(**data["timeouts"]))

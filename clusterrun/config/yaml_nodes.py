@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -57,6 +57,7 @@ class NodeReader:
     def __init__(self, file: str):
         self.file = file
         self.problems: List[Problem] = []
+        self.context = ""  # what a caller learnt earlier and a later check needs (the job's launcher)
 
     def error(self, node: Optional[yaml.Node], key: str, message: str) -> None:
         line, col = (node.start_mark.line + 1, node.start_mark.column + 1) if node is not None else (1, 1)
@@ -143,19 +144,34 @@ class NodeReader:
             return None
         return value
 
+    def boolean(self, node: yaml.Node, key: str) -> Optional[bool]:
+        if isinstance(node, yaml.ScalarNode) and node.tag == BOOL:
+            return bool(yaml.safe_load(node.value))
+        self.error(node, key, f"expected true or false, got {node.value if isinstance(node, yaml.ScalarNode) else describe(node)}")
+        return None
+
     def string_list(self, node: yaml.Node, key: str, *, numbers_ok: bool = False,
-                    pattern: Optional[re.Pattern] = None, what: str = "") -> List[str]:
+                    pattern: Optional[re.Pattern] = None, what: str = "", nonempty: bool = False,
+                    check: Optional[Callable[[str], Optional[str]]] = None) -> List[str]:
+        """A list of strings; `check` says what is wrong with a value (None: nothing)."""
         if not isinstance(node, yaml.SequenceNode):
             self.error(node, key, f"expected a list, got {describe(node)}")
             return []
         out = []
         for i, item in enumerate(node.value):
             value = self.string(item, f"{key}[{i}]", numbers_ok=numbers_ok, pattern=pattern, what=what)
-            if value is not None:
+            if value is not None and nonempty and not value.strip():
+                self.error(item, f"{key}[{i}]", "must not be empty")
+                continue
+            problem = check(value) if check is not None and value is not None else None
+            if problem:
+                self.error(item, f"{key}[{i}]", problem)
+            elif value is not None:
                 out.append(value)
         return out
 
-    def string_map(self, node: yaml.Node, key: str, *, key_pattern: re.Pattern, key_what: str) -> Dict[str, str]:
+    def string_map(self, node: yaml.Node, key: str, *, key_pattern: re.Pattern, key_what: str,
+                   check: Optional[Callable[[str], Optional[str]]] = None) -> Dict[str, str]:
         """A mapping of names to strings (numbers accepted as their literal text), such as env:."""
         if not isinstance(node, yaml.MappingNode):
             self.error(node, key, f"expected a mapping, got {describe(node)}")
@@ -171,7 +187,10 @@ class NodeReader:
                 self.error(knode, path, "duplicate key")
                 continue
             value = self.string(vnode, path, numbers_ok=True)
-            if value is not None:
+            problem = check(value) if check is not None and value is not None else None
+            if problem:
+                self.error(vnode, path, problem)
+            elif value is not None:
                 out[name] = value
         return out
 

@@ -10,10 +10,11 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Hashable, List, Optional
 
 from ..config.inventory import Host, Timeouts
-from ..errors import CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, StartError
+from ..errors import (CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, SetupError,
+                      StartError)
 from ..remote import BOOTSTRAP, EXIT_PROGRAM_MISSING, INSTALLER, PROGRAM_ID, SOURCE
 from ..transport import Stream, StreamClosed, Transport
 from .manifest import Manifest, objects_to_send, read_chunks
@@ -38,6 +39,7 @@ class HostClient:
         self.label = host.name
         self.transport = transport
         self.timeouts = timeouts
+        self.route = ""  # over SSH: how the host was reached, each value with where it came from
         self._installed = False
 
     # -------------------------------------------------------------- plumbing
@@ -115,8 +117,10 @@ class HostClient:
         except RemoteCommandError as exc:
             raise StartError(self.label, str(exc.message), hint=exc.hint) from None
 
-    def follow(self, run_id: str, offsets: Dict[int, int], once: bool = False) -> FollowStream:
-        args = [run_id, json.dumps({str(k): v for k, v in offsets.items()})] + (["--once"] if once else [])
+    def follow(self, run_id: str, offsets: Dict[Hashable, int], once: bool = False) -> FollowStream:
+        """Frames from the host's `follow`; offsets by rank, or ("a", i) for auxiliary stream i."""
+        wire = {f"a{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in offsets.items()}
+        args = [run_id, json.dumps(wire)] + (["--once"] if once else [])
         for attempt in (1, 2):
             stream = FollowStream(self.transport.open(self.argv("follow", *args)), self.label)
             if self._installed or attempt == 2:
@@ -220,6 +224,14 @@ class HostClient:
         self.transport.close()
 
 
+@dataclass(frozen=True)
+class SetupResult:
+    skipped: bool  # the same setup (commands and pushed files) already succeeded on this host
+    seconds: float
+    ran_at: Optional[float] = None  # when the skipped setup ran
+    run_id: Optional[str] = None  # in which run
+
+
 class HeldPush:
     """A host that has the job and waits, on the same channel, for the word to start it."""
 
@@ -247,6 +259,39 @@ class HeldPush:
             raise StartError(label, answer["error"])
         return answer["state"]
 
+    def setup(self, request: dict, on_output: Callable[[str], None], silence_s: float) -> SetupResult:
+        """Run job.setup on the host (remote/host/setup.py), its output to on_output as it comes; a failing
+        command raises RemoteCommandError naming it and the last lines. silence_s: how long the host may
+        say nothing at all (it beats every 2 s) before it counts as lost."""
+        label = self.client.label
+        stream = self._stream
+        if stream is None:
+            raise StartError(label, "the push's channel is gone")
+        tail: List[str] = []
+        try:
+            stream.write(pack_msg({"setup": request}), self.client.timeouts.command)
+            while True:
+                message = read_msg(stream, silence_s)
+                if "out" in message:
+                    on_output(message["out"])
+                    tail = (tail + message["out"].splitlines())[-40:]
+                elif "setup" in message:
+                    break
+        except TimeoutError:
+            raise CommandTimeout(label, f"setup: no word from the host for {silence_s:g} s") from None
+        except StreamClosed as exc:
+            raise ConnectError(label, f"connection lost during the setup: {exc}") from None
+        done = message["setup"]
+        if done.get("exit") != 0:
+            index = done.get("command")
+            command = request["commands"][index] if isinstance(index, int) else ""
+            late = " (timed out: timeouts.setup)" if done.get("exit") == 124 else ""
+            raise SetupError(label, f"job.setup[{index}]{late}: {command}", command=command,
+                             exit_code=done.get("exit"), output_tail="\n".join(tail),
+                             hint="nothing was started; fix the command (or the host) and launch again")
+        return SetupResult(skipped=bool(done.get("skipped")), seconds=float(done.get("seconds") or 0.0),
+                           ran_at=done.get("ran_at"), run_id=done.get("run_id"))
+
     def abandon(self) -> None:
         """Do not start: the host removes what it received."""
         if self._stream is not None:
@@ -272,14 +317,18 @@ def make_connect(timeouts: Timeouts) -> Callable[[Host], HostClient]:
             return HostClient(host, LocalTransport(host.name), timeouts)
         with lock:
             if not connector:
-                from ..transport.ssh import Connector, config_options
+                from ..transport.openssh import config_options
+                from ..transport.ssh import Connector
 
                 connector.append((Connector(timeouts), config_options()))
         from ..config.ssh_config import ssh_target
 
         ssh, options = connector[0]
         try:
-            return HostClient(host, ssh.connect(ssh_target(host, options)), timeouts)
+            target = ssh_target(host, options)
+            client = HostClient(host, ssh.connect(target), timeouts)
+            client.route = target.provenance()
+            return client
         except HostError:
             raise
         except Exception as exc:  # whatever paramiko raises: still a connection problem of this host

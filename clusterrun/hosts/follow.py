@@ -2,7 +2,9 @@
 
 It keeps the byte offset of every rank, so after a reconnect the host resends from there and nothing is
 lost or shown twice; it keeps the controller's copy of each log; and it declares the host lost when
-nothing at all (not even a heartbeat) came for `host_lost` seconds.
+nothing at all (not even a heartbeat) came for `host_lost` seconds. A stream that carries garbage ends
+like a lost connection; three garbled streams in a row make the host lost: the follower never hangs
+and never dies without saying how it ended (FollowDone or HostLost).
 """
 
 from __future__ import annotations
@@ -11,16 +13,17 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Hashable, Iterable, Optional, Sequence
 
 from ..errors import HostError
-from ..events import LogLines
+from ..events import HostRestarts, LogLines, RankSeen
 from ..transport import StreamClosed
 from .client import HostClient
 from .logs import LineSplitter, LogCopy
-from .wire import FollowStream
+from .wire import FollowStream, Frame, Malformed
 
 IDLE_FLUSH_S = 1.0  # show an unfinished line (a progress bar without newline) after this long
+MAX_MALFORMED = 3  # garbled streams in a row before the host counts as lost
 
 
 @dataclass(frozen=True)
@@ -43,58 +46,93 @@ class FollowDone:
     node_rank: int
 
 
+@dataclass(frozen=True)
+class LogFiles:
+    """Where the controller keeps its copies: a rank's log, and a host's auxiliary streams by name."""
+
+    rank: Callable[[int], str]
+    aux: Callable[[str], str] = lambda name: ""
+
+
 class Follower(threading.Thread):
-    def __init__(self, *, node_rank: int, host: str, ranks: Dict[int, str], run_id: str,
-                 client: Callable[[bool], HostClient], out: "queue.Queue", host_lost_s: float,
-                 offsets: Optional[Dict[int, int]] = None, once: bool = False):
-        """ranks: rank → path of its local log copy. client(reconnect) gives the host's client, a fresh
+    def __init__(self, *, node_rank: int, host: str, ranks: Iterable[int], files: LogFiles, world_size: int,
+                 run_id: str, client: Callable[[bool], HostClient], out: "queue.Queue", host_lost_s: float,
+                 offsets: Optional[Dict[Hashable, int]] = None, once: bool = False, aux: Sequence[str] = ()):
+        """ranks: the ranks expected on this host (under torchrun more may turn up: any below world_size).
+        aux: names of the host's auxiliary streams, by index (("torchrun",) under torchrun). offsets:
+        bytes already copied, by rank or ("a", index). client(reconnect) gives the host's client, a fresh
         connection when reconnect is true."""
         super().__init__(name=f"follow-{host}", daemon=True)
         self.node_rank = node_rank
         self.host = host
         self.run_id = run_id
+        self._files = files
+        self._world = world_size
+        self._aux = tuple(aux)
         self._client = client
         self._out = out
         self._host_lost_s = host_lost_s
         self._once = once
-        self._copies = {rank: LogCopy(path) for rank, path in ranks.items()}
-        self.offsets = dict(offsets) if offsets else {rank: 0 for rank in ranks}
-        self._split = {rank: LineSplitter() for rank in ranks}
+        self._copies: Dict[Hashable, LogCopy] = {}
+        self._split: Dict[Hashable, LineSplitter] = {}
+        self.offsets: Dict[Hashable, int] = dict(offsets or {})
+        for rank in ranks:
+            self._open(rank)
+        for i in range(len(self._aux)):
+            self._open(("a", i))
         self.clock_offset = 0.0
+        self.restarts = 0
         self._halt = threading.Event()
+        self._malformed = 0
         self.last_heard = time.monotonic()
 
     def stop(self) -> None:
         self._halt.set()
 
+    def _open(self, key: Hashable) -> None:
+        path = self._files.aux(self._aux[key[1]]) if isinstance(key, tuple) else self._files.rank(key)
+        self._copies[key] = LogCopy(path)
+        self._split[key] = LineSplitter()
+        self.offsets.setdefault(key, 0)
+
     def run(self) -> None:
-        reconnect = False
         try:
-            while not self._halt.is_set():
-                try:
-                    stream = self._client(reconnect).follow(self.run_id, self.offsets, once=self._once)
-                except (HostError, StreamClosed, OSError) as exc:
-                    if self._silent_too_long():
-                        self._out.put(HostLost(self.node_rank, self.host, f"no answer for {self._host_lost_s:g} s "
-                                                                          f"({exc})"))
-                        return
-                    reconnect = True
-                    self._halt.wait(0.5)
-                    continue
-                try:
-                    if self._pump(stream):
-                        self._out.put(FollowDone(self.node_rank))
-                        return
-                except (StreamClosed, HostError, OSError):
-                    reconnect = True  # retried until silent for host_lost seconds
-                finally:
-                    stream.close()
-                if self._silent_too_long():
-                    self._out.put(HostLost(self.node_rank, self.host, f"no answer for {self._host_lost_s:g} s"))
-                    return
+            ended = self._follow()
+        except Exception as exc:  # never die silently: the monitor waits for FollowDone or HostLost
+            ended = HostLost(self.node_rank, self.host, f"following its logs failed: {type(exc).__name__}: {exc}")
         finally:
             for copy in self._copies.values():
                 copy.close()
+        if ended is not None:
+            self._out.put(ended)
+
+    def _follow(self):
+        reconnect = False
+        while not self._halt.is_set():
+            try:
+                stream = self._client(reconnect).follow(self.run_id, self.offsets, once=self._once)
+            except (HostError, StreamClosed, OSError) as exc:
+                if self._silent_too_long():
+                    return HostLost(self.node_rank, self.host, f"no answer for {self._host_lost_s:g} s ({exc})")
+                reconnect = True
+                self._halt.wait(0.5)
+                continue
+            try:
+                if self._pump(stream):
+                    return FollowDone(self.node_rank)
+                self._malformed = 0
+            except Malformed as exc:
+                self._malformed += 1
+                if self._malformed >= MAX_MALFORMED:
+                    return HostLost(self.node_rank, self.host, f"its log stream is garbled: {exc}")
+                reconnect = True
+            except (StreamClosed, HostError, OSError):
+                reconnect = True  # retried until silent for host_lost seconds
+            finally:
+                stream.close()
+            if self._silent_too_long():
+                return HostLost(self.node_rank, self.host, f"no answer for {self._host_lost_s:g} s")
+        return None
 
     def _silent_too_long(self) -> bool:
         return time.monotonic() - self.last_heard > self._host_lost_s
@@ -109,38 +147,74 @@ class Follower(threading.Thread):
                 if self._silent_too_long():
                     raise StreamClosed(f"silent for {self._host_lost_s:g} s") from None
                 continue
-            self.last_heard = time.monotonic()
-            if frame.kind == "L":
-                self._log(frame.rank, frame.offset, frame.payload)
-            elif frame.kind == "X":
-                rest = self._split[frame.rank].flush()
-                if rest:
-                    self._out.put(LogLines(self.host, self.node_rank, frame.rank, rest))
-                self._out.put(RankExit(self.node_rank, frame.rank, frame.json(), self.clock_offset))
-            elif frame.kind == "H":
-                self.clock_offset = frame.json()["now"] - time.time()
-            elif frame.kind == "E":
-                for rank, splitter in self._split.items():
-                    rest = splitter.flush()
-                    if rest:
-                        self._out.put(LogLines(self.host, self.node_rank, rank, rest))
+            if self._handle(frame):
                 return True
+            self.last_heard = time.monotonic()
         return False
 
-    def _log(self, rank: int, offset: int, data: bytes) -> None:
-        have = self.offsets.get(rank, 0)
+    def _handle(self, frame: Frame) -> bool:
+        """One frame (checked before anything is done with it); True at the end of the stream."""
+        if frame.kind in ("L", "X") and frame.rank >= self._world:
+            raise Malformed(f"a frame for rank {frame.rank}, but the world has {self._world} ranks")
+        if frame.kind == "A" and frame.rank >= len(self._aux):
+            raise Malformed(f"a frame for auxiliary stream {frame.rank}, unknown here")
+        if frame.kind == "L":
+            self._log(frame.rank, frame.offset, frame.payload)
+        elif frame.kind == "A":
+            self._log(("a", frame.rank), frame.offset, frame.payload)
+        elif frame.kind == "X":
+            info = frame.json()
+            self._seen(frame.rank)
+            self._flush(frame.rank)
+            self._out.put(RankExit(self.node_rank, frame.rank, info, self.clock_offset))
+        elif frame.kind == "H":
+            beat = frame.json()
+            if not isinstance(beat.get("now"), (int, float)):
+                raise Malformed("a heartbeat without a time")
+            self.clock_offset = beat["now"] - time.time()
+            restarts = beat.get("restarts") or 0
+            if isinstance(restarts, int) and restarts > self.restarts:
+                self.restarts = restarts
+                self._out.put(HostRestarts(self.node_rank, self.host, restarts))
+        elif frame.kind == "E":
+            for key in list(self._split):
+                self._flush(key)
+            return True
+        return False
+
+    def _seen(self, rank: int) -> None:
+        if rank not in self._copies:  # torchrun's rendezvous put this rank here
+            self._open(rank)
+            self._out.put(RankSeen(self.node_rank, rank))
+
+    def _emit(self, key: Hashable, data: bytes) -> None:
+        if isinstance(key, tuple):
+            self._out.put(LogLines(self.host, self.node_rank, -1, data, stream=self._aux[key[1]]))
+        else:
+            self._out.put(LogLines(self.host, self.node_rank, key, data))
+
+    def _flush(self, key: Hashable) -> None:
+        rest = self._split[key].flush()
+        if rest:
+            self._emit(key, rest)
+
+    def _log(self, key: Hashable, offset: int, data: bytes) -> None:
+        if not isinstance(key, tuple):
+            self._seen(key)
+        have = self.offsets.get(key, 0)
         if offset + len(data) <= have:
             return  # resent after a reconnect: already have it
-        if offset < have:
-            data, offset = data[have - offset:], have
-        self._copies[rank].write_at(offset, data)
-        self.offsets[rank] = offset + len(data)
-        lines = self._split[rank].feed(data)
+        if offset > have:
+            raise Malformed(f"log bytes at offset {offset} of {key}, but only {have} arrived before")
+        data, offset = data[have - offset:], have
+        self._copies[key].write_at(offset, data)
+        self.offsets[key] = offset + len(data)
+        lines = self._split[key].feed(data)
         if lines:
-            self._out.put(LogLines(self.host, self.node_rank, rank, lines))
+            self._emit(key, lines)
 
     def _flush_idle(self) -> None:
         now = time.monotonic()
-        for rank, splitter in self._split.items():
+        for key, splitter in self._split.items():
             if splitter.partial_since is not None and now - splitter.partial_since > IDLE_FLUSH_S:
-                self._out.put(LogLines(self.host, self.node_rank, rank, splitter.flush()))
+                self._emit(key, splitter.flush())

@@ -39,7 +39,8 @@ class GroupResult(Generic[K]):
 
     @property
     def failed(self) -> Dict[str, HostError]:
-        return {self.names[k]: e for k, e in self.errors.items()}
+        """Host name → error, in the order the hosts were given (not the order they failed in)."""
+        return {name: self.errors[k] for k, name in self.names.items() if k in self.errors}
 
     def raise_for(self, phase: str) -> None:
         """One HostsFailed naming every host that failed (nothing when all succeeded)."""

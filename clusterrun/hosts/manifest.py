@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import UsageError
-from ..config.inventory import Job
+from ..config.inventory import Job, entry_paths
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class HashCache:
 def build_manifest(job: Job, cache: HashCache) -> Manifest:
     """Every file to push: the script and the sync paths, minus excludes; symlinks must stay inside root."""
     walk = _Walk(job, cache)
-    for rel in (job.script,) + tuple(s.rstrip("/") for s in job.sync):
+    for rel in entry_paths(job) + [s.rstrip("/") for s in job.sync]:
         walk.add_path(rel)
     cache.save()
     return walk.manifest()

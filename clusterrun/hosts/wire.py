@@ -14,6 +14,10 @@ from ..remote import EXIT_PROGRAM_MISSING
 from ..transport import Stream, StreamClosed, read_exact
 
 FRAME = struct.Struct(">cIQI")  # kind, rank, offset, payload length (as remote/host/common.py writes them)
+# The longest payload each kind may have: log frames are at most the host's read size (1 MiB), records a
+# few hundred bytes. A header that says more is garbage (a login shell printing text, a broken host), not
+# a reason to wait for gigabytes.
+MAX_PAYLOAD = {b"L": 4 << 20, b"A": 4 << 20, b"X": 1 << 20, b"H": 1 << 16, b"E": 1 << 16}
 MSG_LEN = struct.Struct(">I")  # a framed message: its length, then JSON
 
 
@@ -33,13 +37,24 @@ def pack_msg(obj: dict) -> bytes:
 
 @dataclass(frozen=True)
 class Frame:
-    kind: str  # "L" log bytes, "X" exit record, "H" heartbeat, "E" end
+    kind: str  # "L" log bytes, "A" auxiliary log bytes, "X" exit record, "H" heartbeat, "E" end
     rank: int
     offset: int
     payload: bytes
 
     def json(self) -> dict:
-        return json.loads(self.payload.decode())
+        """The payload as a JSON object; Malformed when it is not one."""
+        try:
+            value = json.loads(self.payload.decode())
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise Malformed(f"a {self.kind} frame that is not JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise Malformed(f"a {self.kind} frame that is not a JSON object")
+        return value
+
+
+class Malformed(StreamClosed):
+    """The follow stream carried something that is not a frame: ends it like a lost connection."""
 
 
 class FollowStream:
@@ -57,6 +72,9 @@ class FollowStream:
         while True:
             if len(self._buf) - self._pos >= FRAME.size:
                 kind, rank, offset, length = FRAME.unpack_from(self._buf, self._pos)
+                if kind not in MAX_PAYLOAD or length > MAX_PAYLOAD[kind]:  # judged on the header alone
+                    raise Malformed(f"garbled log stream from {self._label} (a login shell printing text?): "
+                                    f"frame kind {kind!r}, {length} bytes")
                 start = self._pos + FRAME.size
                 if len(self._buf) >= start + length:
                     payload = bytes(self._buf[start:start + length])
@@ -64,8 +82,6 @@ class FollowStream:
                     if self._pos > (1 << 20):
                         del self._buf[:self._pos]
                         self._pos = 0
-                    if kind not in b"LXHE":
-                        raise StreamClosed(f"garbled log stream from {self._label} (a login shell printing text?)")
                     return Frame(kind.decode(), rank, offset, payload)
             left = deadline - time.monotonic()
             if left <= 0:

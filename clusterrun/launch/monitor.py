@@ -10,9 +10,9 @@ from typing import Callable, Dict, Optional, Set
 
 from ..config.inventory import Timeouts
 from ..errors import HostError
-from ..events import LogLines, Notice, Phase, RankEnded
+from ..events import HostRestarts, LogLines, Notice, Phase, RankEnded, RankSeen
 from ..hosts.client import HostClient
-from ..hosts.follow import FollowDone, Follower, HostLost, RankExit
+from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RankExit
 from ..hosts.group import fan_out_background
 from ..hosts.logs import tail_lines
 from ..outcome import RankResult, RunOutcome, decide, exit_state
@@ -32,7 +32,7 @@ class _StopDone:
 class Monitor:
     def __init__(self, plan: LaunchPlan, store: RunStore, *, client: Callable[[int], HostClient],
                  reconnect: Callable[[int], HostClient], emit: Callable[[object], None], events: "queue.Queue",
-                 timeouts: Timeouts, t0: float):
+                 timeouts: Timeouts, t0: float, restarts_allowed: int = 0):
         self.plan = plan
         self.store = store
         self._client = client
@@ -50,6 +50,7 @@ class Monitor:
         self._forced = False
         self._interrupt: Optional[bool] = None  # None, or force?
         self._node_of = {r.rank: r.node_rank for r in plan.ranks}
+        self._restarts_allowed = restarts_allowed
 
     def interrupt(self, force: bool) -> None:
         """From the signal handler: only records the wish; the loop acts on it."""
@@ -60,10 +61,14 @@ class Monitor:
     def run(self) -> RunOutcome:
         t_run = time.monotonic()
         followers = {}
+        run_id = self.plan.run_id
         for node in self.plan.nodes:
-            ranks = {r.rank: self.store.log_path(self.plan.run_id, r.rank) for r in node.ranks}
-            f = Follower(node_rank=node.node_rank, host=node.host.name, ranks=ranks, run_id=self.plan.run_id,
-                         client=self._client_for(node.node_rank), out=self._q, host_lost_s=self._timeouts.host_lost)
+            files = LogFiles(rank=lambda r: self.store.log_path(run_id, r),
+                             aux=lambda name, host=node.host.name: self.store.aux_log_path(run_id, host, name))
+            f = Follower(node_rank=node.node_rank, host=node.host.name, ranks=[r.rank for r in node.ranks],
+                         files=files, world_size=self.plan.world_size, run_id=run_id,
+                         client=self._client_for(node.node_rank), out=self._q, host_lost_s=self._timeouts.host_lost,
+                         aux=("torchrun",) if node.torchrun else ())
             followers[node.node_rank] = f
             f.start()
         self._emit(Phase("run", f"{self.plan.world_size} ranks on {len(self.plan.nodes)} hosts"))
@@ -110,6 +115,15 @@ class Monitor:
     def _handle(self, ev: object) -> None:
         if isinstance(ev, LogLines):
             self._emit(ev)
+        elif isinstance(ev, RankSeen):  # torchrun's rendezvous placed this rank on that host
+            if self._node_of.get(ev.rank) != ev.node_rank:
+                self._node_of[ev.rank] = ev.node_rank
+                self.store.update_rank(self.plan.run_id, ev.rank, node_rank=ev.node_rank,
+                                       host=self.plan.nodes[ev.node_rank].host.name)
+        elif isinstance(ev, HostRestarts):
+            self.store.update_host(self.plan.run_id, ev.node_rank, restarts=ev.restarts)
+            self._emit(Notice(f"{ev.host}: torchrun restarted its workers (restart {ev.restarts} of "
+                              f"{self._restarts_allowed})", "warning"))
         elif isinstance(ev, RankExit):
             self._on_exit(ev)
         elif isinstance(ev, HostLost):
@@ -118,10 +132,10 @@ class Monitor:
             self._lost[ev.node_rank] = ev.reason
             self._emit(Notice(f"{ev.host}: host lost: {ev.reason}", "error"))
             now = time.time()
-            for r in self.plan.nodes[ev.node_rank].ranks:
-                if r.rank not in self._exits:
-                    self._exits[r.rank] = {"lost": True, "ended_at": now, "error": f"host lost: {ev.reason}"}
-                    self.store.update_rank(self.plan.run_id, r.rank, state=RankState.LOST, ended_at=now,
+            for rank in sorted(r for r, n in self._node_of.items() if n == ev.node_rank):
+                if rank not in self._exits:
+                    self._exits[rank] = {"lost": True, "ended_at": now, "error": f"host lost: {ev.reason}"}
+                    self.store.update_rank(self.plan.run_id, rank, state=RankState.LOST, ended_at=now,
                                            note=f"host lost: {ev.reason}")
             self.store.update_host(self.plan.run_id, ev.node_rank, state=HostState.LOST, cleanup=Cleanup.PENDING,
                                    error=ev.reason)

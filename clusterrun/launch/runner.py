@@ -15,12 +15,12 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 from ..config.inventory import Host, Inventory
 from ..errors import ClusterrunError, ConnectError, HostsFailed
-from ..events import HostDone, HostProgress, Notice, Phase
+from ..events import HostDone, HostProgress, LogLines, Notice, Phase
 from ..hosts.client import HeldPush, HostClient
 from ..hosts.group import GroupResult, fan_out
 from ..hosts.manifest import HashCache, Manifest, build_manifest
 from ..outcome import RunOutcome
-from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_env
+from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_env, setup_request
 from ..registry.store import RunStore, controller_identity
 from ..states import Cleanup, HostState, RankState, RunState
 from .monitor import Monitor
@@ -85,23 +85,11 @@ class Runner:
         background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
         try:
             # what to push is worked out while the connections are being made
-            self._prepare(plan, background.submit(build_manifest, self.inv.job, self._hash_cache))
-            auto_port = plan.master_port is None
-            # the cheap checks of `clusterrun check`, on what every host reported while receiving the job
-            with self._lock:
-                facts = {n: held.facts for n, held in self._held.items()}
-            problems = self._checks(self.inv, facts)
-            for p in problems:
-                self._emit(Notice(f"{p.host}: {p.check}: {p.detail}" + (f" ({p.hint})" if p.hint else ""),
-                                  "error" if p.status == "fail" else "warning"))
-            failed = preflight_error(problems)
-            if failed is not None:
-                raise failed
-            if auto_port:  # rank 0's host found a free port while receiving the job
-                port = self._held[0].port
-                plan = build_plan(self.inv, self.run_id, master_port=port)
-                self.store.update_run(self.run_id, plan=plan_to_dict(plan))
-                self._emit(Notice(f"MASTER_PORT={port} (free on {plan.nodes[0].host.name})"))
+            manifest = background.submit(build_manifest, self.inv.job, self._hash_cache)
+            self._prepare(plan, manifest)
+            plan = self._preflight(plan)
+            if self.inv.job.setup:
+                self._phase("setup", lambda: self._setup_all(plan, manifest.result()))
             self._phase("start", lambda: self._start_all(plan))
             if self._detach:
                 self.store.update_run(self.run_id, state=RunState.RUNNING, detached=1, controller=None)
@@ -109,7 +97,8 @@ class Runner:
                                   phases=tuple(self._phases))
             self.store.update_run(self.run_id, state=RunState.RUNNING)
             self.monitor = Monitor(plan, self.store, client=self._client, reconnect=self._reconnect, emit=self._emit,
-                                   events=self._q, timeouts=self.inv.timeouts, t0=self._t0)
+                                   events=self._q, timeouts=self.inv.timeouts, t0=self._t0,
+                                   restarts_allowed=self.inv.job.restarts)
             if self._interrupts:
                 self.monitor.interrupt(force=self.force_requested)
             outcome = self.monitor.run()
@@ -131,6 +120,52 @@ class Runner:
                 clients = list(self._clients.values())
             for client in clients:
                 client.close()
+
+    def _preflight(self, plan: LaunchPlan) -> LaunchPlan:
+        """The cheap checks of `clusterrun check`, on what every host reported while receiving the job; then
+        the plan with the master port rank 0's host found free (master: {port: auto})."""
+        with self._lock:
+            facts = {n: held.facts for n, held in self._held.items()}
+        problems = self._checks(self.inv, facts)
+        for p in problems:
+            self._emit(Notice(f"{p.host}: {p.check}: {p.detail}" + (f" ({p.hint})" if p.hint else ""),
+                              "error" if p.status == "fail" else "warning"))
+        failed = preflight_error(problems)
+        if failed is not None:
+            raise failed
+        if plan.master_port is not None:
+            return plan
+        port = self._held[0].port
+        plan = build_plan(self.inv, self.run_id, master_port=port)
+        self.store.update_run(self.run_id, plan=plan_to_dict(plan))
+        self._emit(Notice(f"MASTER_PORT={port} (free on {plan.nodes[0].host.name})"))
+        return plan
+
+    def _setup_all(self, plan: LaunchPlan, manifest: Manifest) -> None:
+        """job.setup on every host at once, output streamed as `[host setup]`; any failure stops the launch
+        before a rank starts (every failing host named)."""
+        self._fan_out("setup", plan.nodes, lambda node: self._setup_node(plan, node, manifest), interruptible=True)
+
+    def _setup_node(self, plan: LaunchPlan, node: NodePlan, manifest: Manifest) -> None:
+        host = node.host
+        copy = self.store.aux_log_path(plan.run_id, host.name, "setup")
+
+        def output(text: str) -> None:
+            data = text.encode()
+            with open(copy, "ab") as fh:
+                fh.write(data)
+            self._q.put(LogLines(host.name, node.node_rank, -1, data, stream="setup"))
+
+        with self._lock:
+            held = self._held[node.node_rank]
+        timeouts = self.inv.timeouts
+        done = held.setup(setup_request(self.inv, plan, node, manifest.wire(), self._secrets), output,
+                          silence_s=max(timeouts.host_lost, timeouts.command))
+        if done.skipped:
+            when = time.strftime("%m-%d %H:%M:%S", time.localtime(done.ran_at)) if done.ran_at else "before"
+            self._post(Notice(f"{host.name}: setup unchanged since {when} (run {done.run_id}): skipped"))
+        else:
+            self._post(HostDone("setup", host.name, done.seconds))
 
     def _finish(self, state: RunState, code: int, reason: str) -> RunOutcome:
         self.store.update_run(self.run_id, state=state, exit_code=code, reason=reason, ended_at=time.time())
@@ -264,10 +299,15 @@ class Runner:
                              f"{result.sent_bytes} of {total} bytes sent, {result.files} files"))
 
     def _spec(self, plan: LaunchPlan, node: NodePlan) -> dict:
-        return {"run_id": plan.run_id, "grace": self.inv.timeouts.grace, "fail_fast": True,
+        spec = {"run_id": plan.run_id, "grace": self.inv.timeouts.grace, "fail_fast": True,
                 "time_limit": plan.time_limit_s,
                 "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": rank_env(plan, r, self._secrets)}
                           for r in node.ranks]}
+        if node.torchrun:  # one torchrun for the host; the ranks are the ones expected here
+            secrets = {name: self._secrets[name] for name in plan.secret_names}
+            spec.update({"launcher": "torchrun", "command": list(node.torchrun), "entry": list(node.entry),
+                         "env": {**node.env, **secrets}, "ranks": [{"rank": r.rank} for r in node.ranks]})
+        return spec
 
     def _start_node(self, plan: LaunchPlan, node: NodePlan) -> None:
         t = time.monotonic()

@@ -7,13 +7,13 @@ import os
 import queue
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..config.inventory import Host, Inventory, inventory_from_snapshot
 from ..errors import HostError
-from ..events import LogLines
+from ..events import LogLines, RankSeen
 from ..hosts.client import HostClient
-from ..hosts.follow import FollowDone, Follower, HostLost
+from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles
 from ..hosts.group import GroupResult, fan_out
 from ..outcome import decide
 from ..states import Cleanup, HostState, RankState, RunState
@@ -129,56 +129,74 @@ def fetch_logs(store: RunStore, run_id: str, connect: Connect, *, follow: bool,
                host_lost_s: float = 15.0) -> None:
     """Bring the local log copies up to date from the hosts (by byte offset); with follow, keep going and
     hand every new line to on_lines until every rank has ended or stop_flag gets an element."""
-    record = store.get(run_id)
-    _, nodes = nodes_of(record)
-    events: "queue.Queue" = queue.Queue()
-    connected = fan_out(nodes, lambda n: connect(n.host), key=lambda n: n.node_rank, name=lambda n: n.host.name)
-    clients: Dict[int, HostClient] = connected.results  # type: ignore[assignment]
-    for name, err in connected.failed.items():
+    fetch = _LogFetch(store, run_id, connect, host_lost_s)
+    for name, err in fetch.connected.failed.items():
         on_problem(f"{name}: {err.message}; showing the local copy of its logs")
+    try:
+        fetch.pump(fetch.start(once=True), None, on_problem, stop_flag)  # catch up: the copies hold all so far
+        if follow:
+            before_follow()
+            fetch.pump(fetch.start(once=False), on_lines, on_problem, stop_flag)
+    finally:
+        for c in fetch.clients.values():
+            c.close()
 
-    def start(once: bool) -> List[Follower]:
+
+class _LogFetch:
+    """`logs`: a follower per reachable host of a recorded run, writing the local copies."""
+
+    def __init__(self, store: RunStore, run_id: str, connect: Connect, host_lost_s: float):
+        self.store, self.run_id, self.connect, self.host_lost_s = store, run_id, connect, host_lost_s
+        self.record = store.get(run_id)
+        _, self.nodes = nodes_of(self.record)
+        self.events: "queue.Queue" = queue.Queue()
+        self.connected = fan_out(self.nodes, lambda n: connect(n.host), key=lambda n: n.node_rank,
+                                 name=lambda n: n.host.name)
+        self.clients: Dict[int, HostClient] = self.connected.results  # type: ignore[assignment]
+        self.aux = ("torchrun",) if self.record.plan.get("launcher") == "torchrun" else ()
+
+    def start(self, once: bool) -> List[Follower]:
         followers = []
-        for node in nodes:
-            if node.node_rank not in clients:
-                continue
-            paths = {r: store.log_path(run_id, r) for r in node.ranks}
-            offsets = {r: _size(p) for r, p in paths.items()}
-            client = clients[node.node_rank]
-            f = Follower(node_rank=node.node_rank, host=node.host.name, ranks=paths, run_id=run_id,
-                         client=lambda reconnect, c=client, h=node.host: connect(h) if reconnect else c,
-                         out=events, host_lost_s=host_lost_s, offsets=offsets, once=once)
-            f.start()
-            followers.append(f)
+        for node in self.nodes:
+            if node.node_rank in self.clients:
+                followers.append(self._follower(node, once))
+                followers[-1].start()
         return followers
 
-    def pump(followers: List[Follower], show: bool) -> None:
+    def _follower(self, node: Node, once: bool) -> Follower:
+        store, run_id = self.store, self.run_id
+        files = LogFiles(rank=lambda r: store.log_path(run_id, r),
+                         aux=lambda name, host=node.host.name: store.aux_log_path(run_id, host, name))
+        ranks = [r.rank for r in self.record.ranks if r.node_rank == node.node_rank]
+        offsets: Dict[Hashable, int] = {r: _size(files.rank(r)) for r in ranks}
+        offsets.update({("a", i): _size(files.aux(name)) for i, name in enumerate(self.aux)})
+        client = self.clients[node.node_rank]
+        return Follower(node_rank=node.node_rank, host=node.host.name, ranks=ranks, files=files,
+                        world_size=len(self.record.ranks), run_id=run_id,
+                        client=lambda reconnect, c=client, h=node.host: self.connect(h) if reconnect else c,
+                        out=self.events, host_lost_s=self.host_lost_s, offsets=offsets, once=once, aux=self.aux)
+
+    def pump(self, followers: List[Follower], on_lines: Optional[Callable[[LogLines], None]],
+             on_problem: Callable[[str], None], stop_flag: Optional[list]) -> None:
         live = {f.node_rank for f in followers}
         while live and not (stop_flag and stop_flag[0]):
             try:
-                ev = events.get(timeout=0.1)
+                ev = self.events.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if isinstance(ev, LogLines) and show:
+            if isinstance(ev, LogLines) and on_lines is not None:
                 on_lines(ev)
-            elif isinstance(ev, FollowDone):
+            elif isinstance(ev, RankSeen) and self.record.ranks[ev.rank].node_rank != ev.node_rank:
+                self.store.update_rank(self.run_id, ev.rank, node_rank=ev.node_rank,
+                                       host=self.nodes[ev.node_rank].host.name)
+            elif isinstance(ev, (FollowDone, HostLost)):
                 live.discard(ev.node_rank)
-            elif isinstance(ev, HostLost):
-                live.discard(ev.node_rank)
-                on_problem(f"{ev.host}: {ev.reason}")
+                if isinstance(ev, HostLost):
+                    on_problem(f"{ev.host}: {ev.reason}")
         for f in followers:
             f.stop()
         for f in followers:
             f.join(timeout=2.0)
-
-    try:
-        pump(start(once=True), show=False)  # catch up: the local copies now hold everything so far
-        if follow:
-            before_follow()
-            pump(start(once=False), show=True)
-    finally:
-        for c in clients.values():
-            c.close()
 
 
 def _size(path: str) -> int:

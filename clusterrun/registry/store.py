@@ -32,14 +32,15 @@ CREATE TABLE IF NOT EXISTS runs (
   exit_code INTEGER, reason TEXT, ended_at REAL, controller TEXT, detached INTEGER DEFAULT 0, phases TEXT);
 CREATE TABLE IF NOT EXISTS hosts (
   run_id TEXT, node_rank INTEGER, name TEXT, state TEXT, cleanup TEXT, error TEXT, supervisor_pid INTEGER,
-  pushed_bytes INTEGER, push_seconds REAL, PRIMARY KEY (run_id, node_rank));
+  pushed_bytes INTEGER, push_seconds REAL, restarts INTEGER, PRIMARY KEY (run_id, node_rank));
 CREATE TABLE IF NOT EXISTS ranks (
   run_id TEXT, rank INTEGER, node_rank INTEGER, host TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
   started_at REAL, ended_at REAL, pid INTEGER, note TEXT, PRIMARY KEY (run_id, rank));
 """
 
 # columns added after schema 1 first shipped, for registries that predate them
-_ADDED_COLUMNS = (("runs", "phases TEXT"), ("hosts", "pushed_bytes INTEGER"), ("hosts", "push_seconds REAL"))
+_ADDED_COLUMNS = (("runs", "phases TEXT"), ("hosts", "pushed_bytes INTEGER"), ("hosts", "push_seconds REAL"),
+                  ("hosts", "restarts INTEGER"))
 
 
 def state_dir() -> str:
@@ -85,12 +86,13 @@ class HostRecord:
     supervisor_pid: Optional[int]
     pushed_bytes: Optional[int]
     push_seconds: Optional[float]
+    restarts: int = 0  # launcher torchrun: how often it restarted this host's workers
 
     def to_json(self) -> dict:
         return {"node_rank": self.node_rank, "name": self.name, "state": self.state.value,
                 "cleanup": self.cleanup.value if self.cleanup else None, "error": self.error,
                 "supervisor_pid": self.supervisor_pid, "pushed_bytes": self.pushed_bytes,
-                "push_seconds": self.push_seconds}
+                "push_seconds": self.push_seconds, "restarts": self.restarts}
 
 
 def rank_json(r: RankResult) -> dict:
@@ -224,7 +226,8 @@ class RunStore:
             hosts = tuple(HostRecord(
                 node_rank=h["node_rank"], name=h["name"], state=HostState(h["state"]),
                 cleanup=Cleanup(h["cleanup"]) if h["cleanup"] else None, error=h["error"],
-                supervisor_pid=h["supervisor_pid"], pushed_bytes=h["pushed_bytes"], push_seconds=h["push_seconds"])
+                supervisor_pid=h["supervisor_pid"], pushed_bytes=h["pushed_bytes"], push_seconds=h["push_seconds"],
+                restarts=h["restarts"] or 0)
                 for h in self._db.execute("SELECT * FROM hosts WHERE run_id = ? ORDER BY node_rank", (run_id,)))
             ranks = tuple(RankResult(
                 rank=r["rank"], node_rank=r["node_rank"], host=r["host"], state=RankState(r["state"]),
@@ -275,6 +278,10 @@ class RunStore:
     def log_path(self, run_id: str, rank: int) -> str:
         """The local copy of a rank's log, its folder made if needed."""
         return os.path.join(self.log_dir(run_id), f"rank-{rank}.log")
+
+    def aux_log_path(self, run_id: str, host: str, stream: str) -> str:
+        """The local copy of a host's other output (its setup, torchrun's own messages)."""
+        return os.path.join(self.log_dir(run_id), f"{host}-{stream}.log")
 
     def log_file(self, run_id: str, rank: int) -> str:
         """Where the local copy of a rank's log is (or would be); makes nothing."""

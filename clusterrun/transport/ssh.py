@@ -13,7 +13,7 @@ import os
 import shlex
 import socket
 import threading
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import paramiko
 from paramiko.common import cMSG_CHANNEL_REQUEST
@@ -31,23 +31,6 @@ _DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 
 _key_cache: Dict[str, paramiko.PKey] = {}
 _key_lock = threading.Lock()
-
-
-def load_ssh_config(path: str = "~/.ssh/config") -> paramiko.SSHConfig:
-    path = os.path.expanduser(path)
-    if os.path.exists(path):
-        return paramiko.SSHConfig.from_path(path)
-    return paramiko.SSHConfig()
-
-
-def config_options(config: Optional[paramiko.SSHConfig] = None):
-    """alias -> the options ~/.ssh/config gives it (paramiko's reading: no Include, no Match)."""
-    config = config if config is not None else load_ssh_config()
-
-    def options(alias: str) -> Mapping[str, object]:
-        return config.lookup(alias)
-
-    return options
 
 
 def _load_key(path: str) -> Optional[paramiko.PKey]:
@@ -266,18 +249,21 @@ class Connector:
                                                 if os.path.exists(p))
         keys: List[Tuple[str, paramiko.PKey]] = []
         for path in paths:
+            if not os.path.exists(path) and target.sources.get("identity") != "inventory":
+                continue  # as OpenSSH: a configured key that is not there is passed over
             try:
                 key = _load_key(path)
             except (OSError, paramiko.SSHException, ValueError) as exc:
-                if target.identity_files:
+                if target.identity_explicit:
                     raise AuthError(label, f"cannot read identity file {path}: {exc}") from None
                 continue
             if key is not None:
                 keys.append((path, key))
             else:
                 tried.append(f"{path} (encrypted: add it to ssh-agent)")
-        try:
-            agent_keys = [("ssh-agent", k) for k in paramiko.Agent().get_keys()]
+        try:  # IdentitiesOnly: only the identity files (OpenSSH's meaning)
+            agent_keys = [] if target.identities_only and keys else \
+                [("ssh-agent", k) for k in paramiko.Agent().get_keys()]
         except paramiko.SSHException:
             agent_keys = []
         for source, key in keys + agent_keys:

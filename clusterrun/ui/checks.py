@@ -46,6 +46,10 @@ def render_checks(report: Report, console: Console) -> None:
     natural = full.__rich_measure__(console, console.options.update_width(1 << 16)).maximum
     console.print(full if natural <= console.width else table(report, compact=True))
     for h in report.hosts:
+        route = (h.get("ssh").data or {}).get("route") if h.get("ssh") else ""
+        if route:
+            console.print(Text.assemble((h.host, "bold"), " ssh ", (route, "dim")))
+    for h in report.hosts:
         for r in h.results:
             if r.status in (WARN, FAIL) or (r.status == OK and r.hint):
                 console.print(Text.assemble((h.host, "bold"), " ", (r.name, "bold"), " ",

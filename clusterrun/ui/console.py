@@ -57,23 +57,24 @@ class LogPrinter:
         self._prefix: Dict[tuple, bytes] = {}
         self._host_color: Dict[str, str] = {}
 
-    def prefix(self, host: str, rank: int) -> bytes:
-        key = (host, rank)
+    def prefix(self, host: str, rank: Optional[int], stream: str = "") -> bytes:
+        """`[host rR]` for a rank, `[host stream]` for a host's other output, `[host]` for neither."""
+        key = (host, rank, stream)
         if key not in self._prefix:
-            text = f"[{host} r{rank}]"
+            text = f"[{host} {stream}]" if stream else (f"[{host}]" if rank is None else f"[{host} r{rank}]")
             if self.color:
                 color = self._host_color.setdefault(host, PALETTE[len(self._host_color) % len(PALETTE)])
                 text = Style(color=color).render(text)
             self._prefix[key] = text.encode() + b" "
         return self._prefix[key]
 
-    def write(self, host: str, rank: int, data: bytes) -> None:
+    def write(self, host: str, rank: Optional[int], data: bytes, stream: str = "") -> None:
         if not data:
             return
         for value in self.secrets:
             if value in data:
                 data = data.replace(value, MASK)
-        prefix = self.prefix(host, rank)
+        prefix = self.prefix(host, rank, stream)
         body = data[:-1] if data.endswith(b"\n") else data
         # one C-level replace per batch rather than a Python step per line (a flood is ~1M lines/s)
         self.out.write(prefix + body.replace(b"\n", b"\n" + prefix) + b"\n")

@@ -12,7 +12,7 @@ from typing import Dict, Iterable
 from rich.text import Text
 
 from ..events import HostDone, HostProgress, LogLines, Notice, Phase, RankEnded
-from ..outcome import RunOutcome
+from ..outcome import RunOutcome, hint_for
 from ..states import RankState, RunState
 from .console import LogPrinter, console, mask_text
 
@@ -33,7 +33,7 @@ class RunView:
 
     def handle(self, ev: object) -> None:
         if isinstance(ev, LogLines):
-            self.logs.write(ev.host, ev.rank, ev.data)
+            self.logs.write(ev.host, ev.rank, ev.data, ev.stream)
         elif isinstance(ev, Phase):
             self._on_phase(ev)
         elif isinstance(ev, HostProgress):
@@ -102,10 +102,15 @@ class RunView:
             when = time.strftime("%H:%M:%S", time.localtime(rc.ended_at)) if rc.ended_at else "-"
             table.add_row(str(rc.rank), rc.host, rc.describe(), when, rc.log_path)
             err.print(table)
+            if rc.note and rc.note not in rc.describe():
+                err.print(Text(f"error: {mask_text(rc.note, self.logs.secrets)}", style="bold"))
             if rc.tail:
                 err.print(Text(f"last lines of rank {rc.rank}:", style="bold"))
                 for line in rc.tail:
                     err.print(Text("  " + mask_text(line, self.logs.secrets)))
+            hint = hint_for(rc)
+            if hint:
+                err.print(Text(f"hint: {hint}", style="yellow"))
             others = [r for r in outcome.ranks if RankState(r.state).failed and r.rank != rc.rank]
             if others:
                 err.print(Text("other failed ranks: " + ", ".join(f"r{r.rank} on {r.host} ({r.describe()})"

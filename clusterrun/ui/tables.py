@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ..errors import HostError
-from ..plan import LaunchPlan, render_rank_command
+from ..plan import LaunchPlan, render_node_command, render_rank_command
 from ..registry.store import RunRecord
 
 
-def show_plan(plan: LaunchPlan, out: Console) -> None:
-    """The dry run: the rank table, then the exact line every rank runs (secrets masked)."""
+def show_plan(plan: LaunchPlan, out: Console, routes: Optional[Dict[str, str]] = None) -> None:
+    """The dry run: the rank table, how each SSH host is reached (each value and where it came from), then
+    the exact line every rank runs (secrets masked)."""
     table = Table(title=f"{plan.world_size} ranks on {len(plan.nodes)} hosts · MASTER_ADDR={plan.master_addr} "
                         f"MASTER_PORT={plan.master_port or 'auto'} · {plan.backend} {plan.init_url}",
                   title_justify="left")
@@ -29,7 +31,15 @@ def show_plan(plan: LaunchPlan, out: Console) -> None:
             table.add_row(str(r.rank), str(r.local_rank), str(node.node_rank), node.host.name,
                           f"{node.host.connection} {target}", node.run_dir)
     out.print(table)
+    for name, route in (routes or {}).items():
+        out.print(Text(f"# {name}: ", style="bold") + Text(route))
     for node in plan.nodes:
+        if node.torchrun:
+            ranks = ", ".join(str(r.rank) for r in node.ranks)
+            out.print(Text(f"# {node.host.name}: torchrun, {len(node.ranks)} workers (ranks {ranks} expected; "
+                           "its rendezvous decides)", style="bold"))
+            out.print(Text(render_node_command(plan, node)))
+            continue
         for r in node.ranks:
             out.print(Text(f"# {node.host.name} rank {r.rank}", style="bold"))
             out.print(Text(render_rank_command(plan, node, r)))
@@ -46,6 +56,9 @@ def show_runs(records: Sequence[Tuple[RunRecord, Dict[str, HostError]]], out: Co
         note = record.reason or ""
         if record.cleanup_pending:
             note = (note + "; " if note else "") + f"stop pending on {', '.join(record.cleanup_pending)}"
+        restarted = [f"{h.name} {h.restarts}" for h in record.hosts if h.restarts]
+        if restarted:
+            note = (note + "; " if note else "") + "torchrun restarts: " + ", ".join(restarted)
         if problems:
             note = (note + "; " if note else "") + "unreachable: " + ", ".join(problems)
         table.add_row(record.id, record.state.value, str(len(record.hosts)), str(len(record.ranks)),
@@ -68,3 +81,62 @@ def show_sweep(table: Sequence[dict], out: Console) -> None:
                        num(r["samples_per_s"], ".0f"), num(r["speedup"], ".2f"), num(r["efficiency"], ".0%"),
                        num(r["final_loss"], ".3f"), num(r["test_accuracy"], ".3f"))
     out.print(result)
+
+
+def host_ranges(names: Sequence[str]) -> str:
+    """node0,node1,node2,gpu1 → node[0-2],gpu1 (pdsh's and dshbak's notation), in the order first seen.
+    Zero-padded numbers (node01) are left as they are: folding them would change the names."""
+    numbered: Dict[str, list] = {}
+    order: list = []
+    for name in names:
+        m = re.fullmatch(r"(.*?)(\d+)", name)
+        if m and (m.group(2) == "0" or not m.group(2).startswith("0")):
+            key = ("n", m.group(1))
+            numbered.setdefault(m.group(1), []).append(int(m.group(2)))
+        else:
+            key = ("x", name)
+        if key not in order:
+            order.append(key)
+    parts = []
+    for kind, value in order:
+        if kind == "x":
+            parts.append(value)
+            continue
+        numbers = sorted(set(numbered[value]))
+        spans = [[numbers[0], numbers[0]]]
+        for n in numbers[1:]:
+            if n == spans[-1][1] + 1:
+                spans[-1][1] = n
+            else:
+                spans.append([n, n])
+        text = ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
+        parts.append(f"{value}{text}" if len(spans) == 1 and spans[0][0] == spans[0][1] else f"{value}[{text}]")
+    return ",".join(parts)
+
+
+def fold_outputs(outputs: Sequence[Tuple[str, bytes]]) -> list:
+    """Hosts with identical output together (dshbak -c): [(hosts, output)], in the order first seen."""
+    groups: Dict[bytes, list] = {}
+    for host, text in outputs:
+        groups.setdefault(text, []).append(host)
+    return [(hosts, text) for text, hosts in groups.items()]
+
+
+def show_exec(outputs, failed: Dict[str, str], logs, err: Console) -> None:
+    """exec's output on stdout, folded and prefixed by the hosts that printed it; then, when anything
+    failed, a table of the hosts that did not exit 0 or could not be reached (on stderr)."""
+    for hosts, text in fold_outputs([(o.host, o.text) for o in outputs]):
+        if text:
+            logs.write(host_ranges(hosts), None, text if text.endswith(b"\n") else text + b"\n")
+    bad = [o for o in outputs if o.exit_code != 0]
+    if not bad and not failed:
+        return
+    table = Table(title="hosts that did not succeed", title_justify="left")
+    for col in ("host", "exit", "why"):
+        table.add_column(col)
+    for o in bad:
+        last = (o.stderr or o.stdout).decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        table.add_row(o.host, str(o.exit_code), Text(last[0][:150]))
+    for host, why in failed.items():
+        table.add_row(host, "-", Text(why[:150]))
+    err.print(table)

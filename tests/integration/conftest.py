@@ -267,6 +267,8 @@ JOBS = Path(__file__).resolve().parent / "jobs"
 class CR:
     """The `cr` fixture: the clusterrun CLI with a private state dir, and inventories for the cluster."""
 
+    jobs = JOBS  # tests/integration/jobs: the scripts the tests run
+
     def __init__(self, cluster, tmp_path: Path, home: Path):
         self.cluster = cluster
         self.tmp = tmp_path

@@ -75,3 +75,69 @@ def test_a_jump_host_that_cannot_be_reached_is_named(cr, cluster, home_with_ssh_
     done = cr.run("launch", inv)
     assert done.returncode == 3, done.stderr
     assert "inner: unreachable" in done.stderr and n0 in done.stderr
+
+
+def test_alias_match_and_proxyjump_from_included_files(cr, cluster, tmp_path, no_direct_route_to):
+    """The layout people have: ~/.ssh/config says `Include config.d/*`; an alias, a Match block and a
+    ProxyJump live only in the included file (paramiko's parser ignores Include and Match)."""
+    n = {h.name: h.address for h in cluster.hosts}
+    home = tmp_path / "home"
+    (home / ".ssh" / "config.d").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text("Include config.d/*\n")
+    key = cluster.key_path
+    (home / ".ssh" / "config.d" / "lab.conf").write_text(f"""\
+Host labnode*
+    User cr
+    IdentityFile {key}
+Host labnode1
+    HostName {n['node1']}
+Host labnode3
+    HostName {n['node3']}
+    ProxyJump labgate
+Host labgate
+    HostName {n['node0']}
+    User cr
+    IdentityFile {key}
+Match originalhost labnode2
+    HostName {n['node2']}
+""")
+    cr.env["HOME"] = str(home)
+    no_direct_route_to(n["node3"])
+
+    def aliases(hosts):
+        hosts[:] = [{"name": f"lab{i}", "host": f"labnode{i}"} for i in (1, 2, 3)]
+
+    inv = cr.inventory(job={"args": ["--steps", "2"]}, top={"timeouts": FAST}, edit_hosts=aliases)
+    text = inv.read_text().replace("  user: cr\n", "").replace(f"  identity_file: {key}\n", "")
+    inv.write_text(text)
+    dry = cr.run("launch", "--dry-run", inv)
+    assert dry.returncode == 0, dry.stderr
+    assert f"MASTER_ADDR={n['node1']}" in dry.stdout
+    lab_conf = str(home / ".ssh" / "config.d" / "lab.conf")
+    assert f"# lab2: hostname {n['node2']} (ssh config {lab_conf}:14)" in dry.stdout
+    assert f"user cr (ssh config {lab_conf}:2)" in dry.stdout
+    assert f"proxyjump cr@{n['node0']}:22 (ssh config {lab_conf}:8)" in dry.stdout
+    done = cr.run("launch", inv)
+    assert done.returncode == 0, done.stderr
+    assert "[lab3 r2] rank 2 finished" in done.stdout
+
+
+def test_what_only_openssh_evaluates_goes_through_ssh_G(cr, cluster, tmp_path):
+    """A `Match exec` block decides the address: only `ssh -G` can say (CLUSTERRUN_SSH_CONFIG names the
+    file, as `ssh -F` would)."""
+    config = tmp_path / "ssh_config"
+    config.write_text(f"""\
+Host viaexec
+    User cr
+    IdentityFile {cluster.key_path}
+Match originalhost viaexec exec "test -d /"
+    HostName {cluster.host('node1').address}
+""")
+    cr.env["CLUSTERRUN_SSH_CONFIG"] = str(config)
+    inv = cr.inventory(hosts=1, job={"args": ["--steps", "1", "--no-dist"]}, top={"timeouts": FAST},
+                       edit_hosts=lambda hosts: hosts.__setitem__(slice(None), [{"name": "x", "host": "viaexec"}]))
+    dry = cr.run("launch", "--dry-run", inv)
+    assert f"hostname {cluster.host('node1').address} (ssh -G)" in dry.stdout, dry.stdout
+    done = cr.run("launch", inv)
+    assert done.returncode == 0, done.stderr
+    assert "[x r0] worker rank 0/1 on node1" in done.stdout

@@ -148,3 +148,49 @@ def test_bad_inventory_exits_2_with_location(project):
     done = subprocess.run(CLI + ["launch", str(project / "bad.yaml")], capture_output=True, text=True)
     assert done.returncode == 2
     assert f"{project / 'bad.yaml'}:3:" in done.stderr and "hosts[0].slots" in done.stderr
+
+
+TORCHRUN_STYLE = textwrap.dedent("""\
+    import argparse, os
+    import torch
+    import torch.distributed as dist
+    p = argparse.ArgumentParser()
+    p.add_argument("total_epochs", type=int)
+    p.add_argument("--batch_size", type=int, default=32)
+    a = p.parse_args()
+    dist.init_process_group("gloo")
+    t = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} "
+          f"node {os.environ['CLUSTERRUN_NODE_NAME']} sum {t.item():g} epochs {a.total_epochs}", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("launcher", ["python", "torchrun"])
+def test_two_nodes_on_one_machine_run_a_torchrun_style_script(tmp_path, cr_home, launcher):
+    """Two inventory entries for this one machine (people try multi-node like this), a script that
+    takes its rank from the environment and has strict argparse."""
+    (tmp_path / "mn.py").write_text(TORCHRUN_STYLE)
+    (tmp_path / "inv.yaml").write_text(textwrap.dedent(f"""\
+        version: 1
+        defaults: {{connection: local, slots: 2, env: {{OMP_NUM_THREADS: "1"}}}}
+        hosts:
+          - {{name: left, workdir: {tmp_path}/left}}
+          - {{name: right, workdir: {tmp_path}/right}}
+        master: {{port: auto}}
+        job: {{script: mn.py, args: ["3", "--batch_size", "8"], launcher: {launcher}, rank_flags: false}}
+        timeouts: {{grace: 3s}}
+        """))
+    done = subprocess.run(CLI + ["launch", str(tmp_path / "inv.yaml")], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    seen = {}
+    for line in done.stdout.splitlines():
+        if " of 4 local " in line:
+            prefix, _, rest = line.partition("] ")
+            host, rank = prefix.lstrip("[").split(" r")
+            words = rest.split()
+            assert words[1] == rank and words[7] == host and words[9] == "10" and words[11] == "3", line
+            seen[int(rank)] = host
+    assert sorted(seen) == [0, 1, 2, 3] and sorted(seen.values()) == ["left", "left", "right", "right"]

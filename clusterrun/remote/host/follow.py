@@ -2,7 +2,12 @@
 
 Frames (common.FRAME: kind, rank, offset, payload length; then the payload):
   L  log bytes of a rank, from its byte offset       X  a rank's exit record (JSON), after its log is drained
-  H  heartbeat {"now", "supervisor_alive"} each second      E  the end: every rank's exit was sent
+  A  log bytes of an auxiliary stream (rank field: its index in AUX, e.g. 0 = torchrun's own output)
+  H  heartbeat {"now", "supervisor_alive", "restarts"} each second
+  E  the end: every rank's exit was sent (under torchrun, also once its supervisor is done)
+Offsets come as JSON {"<rank>": bytes, "a<index>": bytes}. Under torchrun the ranks of this host are
+learnt as its workers register (runstate.rank_ids), so frames may name ranks the controller did not
+expect here; they are always below the world size.
 """
 
 import json
@@ -11,7 +16,9 @@ import sys
 import time
 
 from .common import CHUNK, FRAME, HEARTBEAT_EVERY, IDLE_SLEEP, Fail, exit_path, log_path, read_json
-from .runstate import collect_exits, load_state
+from .runstate import collect_exits, load_state, rank_ids, supervisor_done
+
+AUX = ("launcher.log",)  # auxiliary streams, by index
 
 
 def emit(kind, rank, offset, payload):
@@ -21,7 +28,9 @@ def emit(kind, rank, offset, payload):
 
 
 def cmd_follow(run_dir, offsets_json, once=False):
-    offsets = {int(k): int(v) for k, v in json.loads(offsets_json).items()}
+    raw = json.loads(offsets_json)
+    offsets = {int(k): int(v) for k, v in raw.items() if not k.startswith("a")}
+    offsets.update({("a", int(k[1:])): int(v) for k, v in raw.items() if k.startswith("a")})
     spec, state = load_state(run_dir)
     if spec is None:
         raise Fail("the run was not started on this host", "missing", run_dir)
@@ -31,7 +40,9 @@ def cmd_follow(run_dir, offsets_json, once=False):
 class Follow:
     def __init__(self, run_dir, spec, state, offsets, once):
         self.run_dir, self.spec, self.state, self.offsets, self.once = run_dir, spec, state, offsets, once
-        self.ranks = [r["rank"] for r in spec["ranks"]]
+        self.dynamic = spec.get("launcher") == "torchrun"
+        self.ranks = rank_ids(spec, state)
+        self.aux = [("a", i) for i in range(len(AUX))] if self.dynamic else []
         self.handles, self.sent_exit, self.exits = {}, set(), {}
         self.last_beat = self.last_collect = 0.0
         self.sup_alive = True
@@ -41,15 +52,18 @@ class Follow:
             now = time.time()
             self.refresh_exits(now)
             progressed = False
+            for key in self.aux:
+                progressed = self.send_log(key, os.path.join(self.run_dir, AUX[key[1]]), b"A", key[1]) or progressed
             for rank in self.ranks:
                 progressed = self.send_rank(rank) or progressed
             if now - self.last_beat >= HEARTBEAT_EVERY:
-                emit(b"H", 0, 0, json.dumps({"now": now, "supervisor_alive": self.sup_alive}).encode())
+                emit(b"H", 0, 0, json.dumps({"now": now, "supervisor_alive": self.sup_alive,
+                                             "restarts": (self.state or {}).get("restarts", 0)}).encode())
                 self.last_beat = now
                 progressed = True
             if progressed:
                 sys.stdout.buffer.flush()
-            if len(self.sent_exit) == len(self.ranks) or self.once:
+            if self.finished() or self.once:
                 emit(b"E", 0, 0, b"{}")
                 sys.stdout.buffer.flush()
                 return 0
@@ -58,9 +72,17 @@ class Follow:
             if not progressed:
                 time.sleep(IDLE_SLEEP)
 
+    def finished(self):
+        if any(rank not in self.sent_exit for rank in self.ranks):
+            return False
+        return not self.dynamic or not self.sup_alive or supervisor_done(self.run_dir)
+
     def refresh_exits(self, now):
         if now - self.last_collect >= HEARTBEAT_EVERY or self.once:
             # the expensive part (is the supervisor alive? are ranks lost?) once a second
+            if self.dynamic:
+                self.state = read_json(os.path.join(self.run_dir, "state.json")) or self.state
+                self.ranks = rank_ids(self.spec, self.state)
             self.exits, self.sup_alive = collect_exits(self.run_dir, self.spec, self.state)
             self.last_collect = now
             return
@@ -70,15 +92,15 @@ class Follow:
                 if rec is not None:
                     self.exits[rank] = rec
 
-    def send_rank(self, rank):
-        """New log bytes of one rank, then its exit once the log is drained; True if anything was sent."""
-        fh = self.handles.get(rank)
+    def send_log(self, key, path, kind, number):
+        """New bytes of one log file, from its offset; True if anything was sent."""
+        fh = self.handles.get(key)
         if fh is None:
             try:
-                fh = self.handles[rank] = open(log_path(self.run_dir, rank), "rb")
-            except OSError:  # no log file (it could not start): its exit still goes out
-                return self.send_exit(rank, 0)
-        offset = self.offsets.get(rank, 0)
+                fh = self.handles[key] = open(path, "rb")
+            except OSError:
+                return False
+        offset = self.offsets.get(key, 0)
         sent = False
         if os.fstat(fh.fileno()).st_size > offset:
             fh.seek(offset)
@@ -86,12 +108,21 @@ class Follow:
                 data = fh.read(CHUNK)
                 if not data:
                     break
-                emit(b"L", rank, offset, data)
+                emit(kind, number, offset, data)
                 offset += len(data)
                 sent = True
                 if len(data) < CHUNK:
                     break
-            self.offsets[rank] = offset
+            self.offsets[key] = offset
+        return sent
+
+    def send_rank(self, rank):
+        """New log bytes of one rank, then its exit once the log is drained; True if anything was sent."""
+        sent = self.send_log(rank, log_path(self.run_dir, rank), b"L", rank)
+        fh = self.handles.get(rank)
+        if fh is None:  # no log file (it could not start): its exit still goes out
+            return self.send_exit(rank, 0) or sent
+        offset = self.offsets.get(rank, 0)
         if os.fstat(fh.fileno()).st_size == offset:
             sent = self.send_exit(rank, offset) or sent
         return sent

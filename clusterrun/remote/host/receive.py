@@ -7,6 +7,7 @@ Protocol (framed JSON messages, common.read_msg/send_msg; object bytes raw in be
   host       → {missing: [sha256...], port, facts}  or  {error, kind, path}
   controller → the missing objects' bytes, back to back, in the order asked
   host       → {ok, received, objects, files}  or  {error, kind, path}
+  (hold only) controller → {setup: {...}}; host → setup.py's messages      (only where job.setup is set)
   (hold only) controller → {start: spec};  host → {state}     (end of input instead: the run is removed)
 """
 
@@ -19,6 +20,7 @@ import socket
 import sys
 
 from .common import CHUNK, Fail, free_port, read_msg, send_msg
+from .setup import run_setup
 from .supervise import start_run
 
 
@@ -68,6 +70,7 @@ class Push:
     """One push into one run folder; remembers what it made, so a failure can take it all back."""
 
     def __init__(self, workdir, run_dir):
+        self.workdir = workdir
         self.cache = os.path.join(workdir, "cache", "objects")
         self.run_dir = run_dir
         self.stdin = sys.stdin.buffer
@@ -217,11 +220,15 @@ class Push:
         return {"error": str(exc), "kind": exc.kind, "path": exc.path}
 
     def hold_for_start(self):
-        """Hold the channel for the start (saves a connection round trip and an interpreter start-up); end
-        of input instead means the controller is gone or will not start: leave no half-made run."""
+        """Hold the channel for the setup and the start (saves a connection round trip and an interpreter
+        start-up); end of input instead means the controller is gone or will not start: leave no
+        half-made run."""
         try:
             message = read_msg(self.stdin)
-        except Fail:
+            if "setup" in message:
+                run_setup(self.workdir, self.run_dir, message["setup"], self.stdin)
+                message = read_msg(self.stdin)
+        except (Fail, EOFError):
             shutil.rmtree(self.run_dir, ignore_errors=True)
             return
         send_msg({"state": start_run(self.run_dir, message["start"])})

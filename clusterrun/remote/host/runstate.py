@@ -19,6 +19,18 @@ def load_state(run_dir, must_exist=True):
     return spec, state
 
 
+def rank_ids(spec, state):
+    """The ranks of this host: the spec's, or under torchrun the ones its rendezvous gave (once they
+    registered; until then, and if none ever does, the ones clusterrun expected here)."""
+    if spec.get("launcher") == "torchrun" and (state or {}).get("ranks"):
+        return sorted(int(k) for k in state["ranks"])
+    return [r["rank"] for r in spec["ranks"]]
+
+
+def supervisor_done(run_dir):
+    return os.path.exists(os.path.join(run_dir, "done.json"))
+
+
 def collect_exits(run_dir, spec, state, check_lost=True):
     """Exit records by rank; with check_lost, make up 'lost' ones for ranks gone without a record.
 
@@ -32,8 +44,7 @@ def collect_exits(run_dir, spec, state, check_lost=True):
             check_lost = check_lost and time.time() - os.path.getmtime(os.path.join(run_dir, "spec.json")) > 30
         except OSError:
             check_lost = False
-    for r in spec["ranks"]:
-        rank = r["rank"]
+    for rank in rank_ids(spec, state):
         rec = read_json(exit_path(run_dir, rank))
         if rec is None and check_lost and not sup_alive:
             info = (state or {}).get("ranks", {}).get(str(rank))
@@ -54,8 +65,7 @@ def cmd_status(run_dir):
         return 0
     exits, sup_alive = collect_exits(run_dir, spec, state)
     ranks = {}
-    for r in spec["ranks"]:
-        rank = r["rank"]
+    for rank in rank_ids(spec, state):
         try:
             size = os.path.getsize(log_path(run_dir, rank))
         except OSError:
@@ -63,5 +73,7 @@ def cmd_status(run_dir):
         ranks[str(rank)] = {"exit": exits.get(rank), "log_size": size,
                             "pid": (state or {}).get("ranks", {}).get(str(rank), {}).get("pid")}
     reply({"run_dir": run_dir, "started": True, "supervisor_alive": sup_alive, "now": time.time(),
-           "done": len(exits) == len(spec["ranks"]), "ranks": ranks})
+           "done": len(exits) == len(ranks) and (spec.get("launcher") != "torchrun" or not sup_alive
+                                                  or supervisor_done(run_dir)),
+           "restarts": (state or {}).get("restarts", 0), "ranks": ranks})
     return 0

@@ -7,7 +7,7 @@ import time
 
 from .common import read_json, reply, write_json_atomic
 from .procs import rank_live, run_members, same_process, signal_rank
-from .runstate import collect_exits, load_state
+from .runstate import collect_exits, load_state, rank_ids
 
 
 
@@ -26,27 +26,14 @@ def cmd_stop(run_dir, grace):
         state = read_json(os.path.join(run_dir, "state.json"))
     exits, sup_alive = collect_exits(run_dir, spec, state)
     sup = (state or {}).get("supervisor", {})
-    infos = (state or {}).get("ranks", {})
-    pending = [r["rank"] for r in spec["ranks"] if r["rank"] not in exits]
-    if pending:
+    targets = _targets(state, [r for r in rank_ids(spec, state) if r not in exits])
+    if targets:
         if sup_alive:
             os.kill(sup["pid"], signal.SIGTERM)
         else:
-            for rank in pending:
-                signal_rank(run_id, infos.get(str(rank), {}), signal.SIGTERM)
-    deadline = time.time() + grace
-    killed = False
-    while True:
-        live = [r for r in pending if rank_live(run_id, infos.get(str(r), {}))]
-        if not live:
-            break
-        if time.time() >= deadline and not killed:
-            for rank in live:
-                signal_rank(run_id, infos.get(str(rank), {}), signal.SIGKILL)
-            killed = True
-        elif killed and time.time() >= deadline + 5:
-            break
-        time.sleep(0.02)
+            for info in targets.values():
+                signal_rank(run_id, info, signal.SIGTERM)
+    killed = _wait_or_kill(run_id, targets, grace)
     for pid in run_members(run_id):  # anything of this run that left its process group
         try:
             os.kill(pid, signal.SIGKILL)
@@ -54,11 +41,39 @@ def cmd_stop(run_dir, grace):
             pass
     waited = time.time() + 2.0
     while time.time() < waited:  # let the supervisor (if any) write the exit records
+        state = read_json(os.path.join(run_dir, "state.json")) or state
         exits, _ = collect_exits(run_dir, spec, state)
-        if len(exits) == len(spec["ranks"]) or not same_process(sup.get("pid"), sup.get("ticks")):
+        if len(exits) == len(rank_ids(spec, state)) or not same_process(sup.get("pid"), sup.get("ticks")):
             break
         time.sleep(0.02)
     exits, sup_alive = collect_exits(run_dir, spec, state)
     reply({"exits": {str(k): v for k, v in exits.items()}, "killed": killed,
-           "left": [r for r in pending if rank_live(run_id, infos.get(str(r), {}))]})
+           "left": [name for name, info in targets.items() if rank_live(run_id, info)]})
     return 0
+
+
+def _targets(state, pending):
+    """name -> recorded process info of everything that may still run: pending ranks, and torchrun itself."""
+    infos = (state or {}).get("ranks", {})
+    targets = {str(rank): infos.get(str(rank), {}) for rank in pending}
+    launcher = (state or {}).get("launcher") or {}
+    if launcher.get("pid") and same_process(launcher["pid"], launcher.get("ticks")):
+        targets["launcher"] = launcher
+    return targets
+
+
+def _wait_or_kill(run_id, targets, grace):
+    """Wait up to the grace for every target to end, then KILL what is left; True if anything was killed."""
+    deadline = time.time() + grace
+    killed = False
+    while True:
+        live = [info for info in targets.values() if rank_live(run_id, info)]
+        if not live:
+            return killed
+        if time.time() >= deadline and not killed:
+            for info in live:
+                signal_rank(run_id, info, signal.SIGKILL)
+            killed = True
+        elif killed and time.time() >= deadline + 5:
+            return killed
+        time.sleep(0.02)

@@ -1,0 +1,60 @@
+"""launcher python: the supervisor starts one process per rank, each in its own process group (its pid)."""
+
+import os
+import subprocess
+import time
+
+from .common import log_path
+from .procs import start_ticks
+from .supervisor import Supervisor
+
+
+class RankSupervisor(Supervisor):
+    """launcher python: one process per rank, each in its own process group (its pid)."""
+
+    def __init__(self, run_dir, spec):
+        Supervisor.__init__(self, run_dir, spec)
+        self.procs = {}
+        self.stopped = set()  # ranks clusterrun stopped
+
+    def start(self):
+        stopped_early = os.path.exists(os.path.join(self.run_dir, "stop.json"))
+        for r in self.spec["ranks"]:
+            rank = r["rank"]
+            if stopped_early:  # stopped between start and now: start nothing, record why
+                self.record(rank, stopped=True, error="stopped before it started")
+                continue
+            env = dict(os.environ)
+            env.update(r["env"])
+            fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                proc = subprocess.Popen(r["argv"], cwd=os.path.join(self.run_dir, "job"), env=env,
+                                        stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
+                                        close_fds=True)
+            except OSError as exc:
+                os.write(fd, ("clusterrun: cannot start rank %d (%s): %s\n" % (rank, r["argv"][0], exc)).encode())
+                self.record(rank, exit_code=127, started_at=time.time(), error=str(exc))
+                continue
+            finally:
+                os.close(fd)
+            self.procs[rank] = proc
+            self.ranks[str(rank)] = {"pid": proc.pid, "pgid": proc.pid, "ticks": start_ticks(proc.pid),
+                                     "started_at": time.time()}
+
+    def running(self):
+        return bool(self.procs)
+
+    def poll(self, now):
+        for rank, proc in list(self.procs.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            del self.procs[rank]
+            self.record(rank, exit_code=rc if rc >= 0 else None, signal=-rc if rc < 0 else None, ended_at=now,
+                        started_at=self.ranks[str(rank)]["started_at"], stopped=rank in self.stopped)
+            self.watch_group(proc.pid, now)
+
+    def groups(self, stopping):
+        if stopping:
+            self.stopped.update(self.procs)
+        return [proc.pid for proc in self.procs.values()]
