@@ -68,3 +68,22 @@ class RankEnded:
 class Notice:
     text: str
     level: str = "info"  # info | warning | error
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A rank (or, with rank None, torchrun itself) has been connecting to `remote` without an answer."""
+
+    node_rank: int
+    host: str
+    rank: object  # int, or None for torchrun
+    remote: str
+    seconds: float
+
+    def describe(self, inventory: str) -> str:
+        """The rendezvous watchdog's warning: who cannot reach what, and what to run (the run goes on)."""
+        who = f"{self.host} r{self.rank}" if self.rank is not None else f"{self.host} torchrun"
+        address = self.remote.rsplit(":", 1)[0]
+        return (f"{who}: connecting to {self.remote} for {self.seconds:.0f} s without an answer (a firewall "
+                f"dropping packets between {self.host} and {address}?); `clusterrun check {inventory}` tests "
+                "that path. The run goes on: the network may heal")

@@ -31,6 +31,7 @@ class RankResult:
     log_path: str = ""
     tail: Tuple[str, ...] = ()
     note: str = ""
+    stop_reason: str = ""  # why it was stopped, when it was (time-limit, failed elsewhere, ...)
 
     @property
     def duration(self) -> Optional[float]:
@@ -127,6 +128,9 @@ def decide(ranks: Sequence[RankResult], *, stop_reason: Optional[str] = None, ti
     when the ranks were stopped without failing (the recorded reason, if any).
     """
     root = root_cause(ranks)
+    if stop_reason is None and all(RankState(r.state).terminal for r in ranks) and \
+            any(r.stop_reason == "time-limit" for r in ranks):
+        stop_reason = "time-limit"  # the hosts' supervisors enforced it (no controller was there)
     if stop_reason == "interrupted":
         return Verdict(RunState.INTERRUPTED, RunState.INTERRUPTED.exit_code, "interrupted by the user (Ctrl-C)",
                        root)

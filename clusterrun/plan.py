@@ -181,7 +181,8 @@ def setup_request(inv: Inventory, plan: LaunchPlan, node: NodePlan, files: Mappi
     env = {k: v for k, v in first.items() if k not in PER_WORKER_ENV}
     env.update({"CLUSTERRUN_NODE_RANK": str(node.node_rank), "CLUSTERRUN_PYTHON": node.host.python})
     env.update({name: secrets[name] for name in plan.secret_names})
-    return {"commands": list(inv.job.setup), "key": key, "timeout": inv.timeouts.setup, "env": env}
+    return {"commands": list(inv.job.setup), "key": key, "timeout": inv.timeouts.setup, "env": env,
+            "secret_names": list(plan.secret_names)}
 
 
 def node_command(node: NodePlan) -> Tuple[str, ...]:

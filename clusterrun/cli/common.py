@@ -26,11 +26,19 @@ def load(path: str, script: Optional[str] = None, args: Optional[Sequence[str]] 
     return inv
 
 
+MIN_SECRET = 4  # shorter values cannot be masked without garbling ordinary output ("1" everywhere)
+
+
 def secrets_of(inv: Inventory) -> dict:
     missing = [name for name in inv.secrets if name not in os.environ]
     if missing:
         raise SecretMissing(f"{inv.path}: secrets {', '.join(missing)} are not set in this shell's environment "
                             "(clusterrun takes secret values only from there)")
+    short = [name for name in inv.secrets if len(os.environ[name]) < MIN_SECRET]
+    if short:
+        raise SecretMissing(f"{inv.path}: secret {short[0]} is {len(os.environ[short[0]])} characters long: a value "
+                            f"under {MIN_SECRET} characters cannot be hidden in logs without garbling them (and is "
+                            "guessable anyway); use a longer value, or pass it in env: if it is not a secret")
     return {name: os.environ[name] for name in inv.secrets}
 
 

@@ -29,6 +29,7 @@ class PushResult:
     objects: int
     files: int
     seconds: float
+    repaired: int = 0  # cached objects found changed on the host (a job wrote to a pushed file): sent again
 
 
 class HostClient:
@@ -107,8 +108,9 @@ class HostClient:
     def status(self, run_id: str) -> dict:
         return self.call("status", run_id)
 
-    def stop(self, run_id: str, grace: float) -> dict:
-        return self.call("stop", run_id, f"{grace:g}", timeout=grace + self.timeouts.command)
+    def stop(self, run_id: str, grace: float, reason: str = "stopped") -> dict:
+        """Stop every rank of the run on this host (TERM, grace, KILL); reason goes into their exit records."""
+        return self.call("stop", run_id, f"{grace:g}", reason, timeout=grace + self.timeouts.command)
 
     def start(self, run_id: str, spec: dict) -> dict:
         """Hand the spec (env and secrets included) to the host on stdin; it lands in a 0600 file there."""
@@ -209,7 +211,8 @@ class HostClient:
                                 hint=_push_hint(result.get("kind", "")))
             keep = hold
             return (PushResult(sent_bytes=sent, objects=result["objects"], files=result["files"],
-                               seconds=time.monotonic() - t0), stream, answer)
+                               seconds=time.monotonic() - t0, repaired=len(answer.get("repaired") or ())),
+                    stream, answer)
         except TimeoutError:
             raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
         except StreamClosed as exc:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Hashable, Iterable, Optional, Sequence
 
 from ..errors import HostError
-from ..events import HostRestarts, LogLines, RankSeen
+from ..events import HostRestarts, LogLines, RankSeen, Stuck
 from ..transport import StreamClosed
 from .client import HostClient
 from .logs import LineSplitter, LogCopy
@@ -176,6 +176,10 @@ class Follower(threading.Thread):
             if isinstance(restarts, int) and restarts > self.restarts:
                 self.restarts = restarts
                 self._out.put(HostRestarts(self.node_rank, self.host, restarts))
+            for c in beat.get("connecting") or ():
+                if isinstance(c, dict) and isinstance(c.get("remote"), str):
+                    self._out.put(Stuck(self.node_rank, self.host, c.get("rank"), c["remote"],
+                                        float(c.get("seconds") or 0)))
         elif frame.kind == "E":
             for key in list(self._split):
                 self._flush(key)

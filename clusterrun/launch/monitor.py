@@ -10,7 +10,7 @@ from typing import Callable, Dict, Optional, Set
 
 from ..config.inventory import Timeouts
 from ..errors import HostError
-from ..events import HostRestarts, LogLines, Notice, Phase, RankEnded, RankSeen
+from ..events import HostRestarts, Notice, Phase, RankEnded, RankSeen, Stuck
 from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RankExit
 from ..hosts.group import fan_out_background
@@ -32,7 +32,7 @@ class _StopDone:
 class Monitor:
     def __init__(self, plan: LaunchPlan, store: RunStore, *, client: Callable[[int], HostClient],
                  reconnect: Callable[[int], HostClient], emit: Callable[[object], None], events: "queue.Queue",
-                 timeouts: Timeouts, t0: float, restarts_allowed: int = 0):
+                 timeouts: Timeouts, t0: float, restarts_allowed: int = 0, inventory: str = "INVENTORY"):
         self.plan = plan
         self.store = store
         self._client = client
@@ -51,6 +51,8 @@ class Monitor:
         self._interrupt: Optional[bool] = None  # None, or force?
         self._node_of = {r.rank: r.node_rank for r in plan.ranks}
         self._restarts_allowed = restarts_allowed
+        self._inventory = inventory
+        self._warned: Set[tuple] = set()
 
     def interrupt(self, force: bool) -> None:
         """From the signal handler: only records the wish; the loop acts on it."""
@@ -113,48 +115,60 @@ class Monitor:
                 return
 
     def _handle(self, ev: object) -> None:
-        if isinstance(ev, LogLines):
-            self._emit(ev)
-        elif isinstance(ev, RankSeen):  # torchrun's rendezvous placed this rank on that host
-            if self._node_of.get(ev.rank) != ev.node_rank:
-                self._node_of[ev.rank] = ev.node_rank
-                self.store.update_rank(self.plan.run_id, ev.rank, node_rank=ev.node_rank,
-                                       host=self.plan.nodes[ev.node_rank].host.name)
-        elif isinstance(ev, HostRestarts):
-            self.store.update_host(self.plan.run_id, ev.node_rank, restarts=ev.restarts)
-            self._emit(Notice(f"{ev.host}: torchrun restarted its workers (restart {ev.restarts} of "
-                              f"{self._restarts_allowed})", "warning"))
-        elif isinstance(ev, RankExit):
-            self._on_exit(ev)
-        elif isinstance(ev, HostLost):
-            if ev.node_rank in self._lost or ev.node_rank in self._followed:
-                return
-            self._lost[ev.node_rank] = ev.reason
-            self._emit(Notice(f"{ev.host}: host lost: {ev.reason}", "error"))
-            now = time.time()
-            for rank in sorted(r for r, n in self._node_of.items() if n == ev.node_rank):
-                if rank not in self._exits:
-                    self._exits[rank] = {"lost": True, "ended_at": now, "error": f"host lost: {ev.reason}"}
-                    self.store.update_rank(self.plan.run_id, rank, state=RankState.LOST, ended_at=now,
-                                           note=f"host lost: {ev.reason}")
-            self.store.update_host(self.plan.run_id, ev.node_rank, state=HostState.LOST, cleanup=Cleanup.PENDING,
-                                   error=ev.reason)
-            if self._stop_reason is None:
-                self._begin_stop("failed", self._timeouts.grace)
-        elif isinstance(ev, FollowDone):
-            self._followed.add(ev.node_rank)
-            if ev.node_rank not in self._lost:
-                self.store.update_host(self.plan.run_id, ev.node_rank, state=HostState.DONE)
-        elif isinstance(ev, _StopDone):
-            self._stops_running -= 1
-            if ev.error is None:
-                self.store.update_host(self.plan.run_id, ev.node_rank, cleanup=Cleanup.DONE)
-            else:
-                self.store.update_host(self.plan.run_id, ev.node_rank, cleanup=Cleanup.PENDING, error=ev.error)
-                self._emit(Notice(f"{self.plan.nodes[ev.node_rank].host.name}: could not stop: {ev.error}; "
-                                  f"`clusterrun stop {self.plan.run_id}` finishes it later", "error"))
+        handler = {RankSeen: self._on_seen, Stuck: self._on_stuck, HostRestarts: self._on_restarts,
+                   RankExit: self._on_exit, HostLost: self._on_lost, FollowDone: self._on_done,
+                   _StopDone: self._on_stop_done}.get(type(ev))
+        if handler is None:
+            self._emit(ev)  # log lines, notices: for the terminal
         else:
-            self._emit(ev)
+            handler(ev)
+
+    def _on_seen(self, ev: RankSeen) -> None:
+        """torchrun's rendezvous placed this rank on that host."""
+        if self._node_of.get(ev.rank) != ev.node_rank:
+            self._node_of[ev.rank] = ev.node_rank
+            self.store.update_rank(self.plan.run_id, ev.rank, node_rank=ev.node_rank,
+                                   host=self.plan.nodes[ev.node_rank].host.name)
+
+    def _on_stuck(self, ev: Stuck) -> None:
+        if (ev.node_rank, ev.rank, ev.remote) not in self._warned:
+            self._warned.add((ev.node_rank, ev.rank, ev.remote))
+            self._emit(Notice(ev.describe(self._inventory), "warning"))
+
+    def _on_restarts(self, ev: HostRestarts) -> None:
+        self.store.update_host(self.plan.run_id, ev.node_rank, restarts=ev.restarts)
+        self._emit(Notice(f"{ev.host}: torchrun restarted its workers (restart {ev.restarts} of "
+                          f"{self._restarts_allowed})", "warning"))
+
+    def _on_lost(self, ev: HostLost) -> None:
+        if ev.node_rank in self._lost or ev.node_rank in self._followed:
+            return
+        self._lost[ev.node_rank] = ev.reason
+        self._emit(Notice(f"{ev.host}: host lost: {ev.reason}", "error"))
+        now = time.time()
+        for rank in sorted(r for r, n in self._node_of.items() if n == ev.node_rank):
+            if rank not in self._exits:
+                self._exits[rank] = {"lost": True, "ended_at": now, "error": f"host lost: {ev.reason}"}
+                self.store.update_rank(self.plan.run_id, rank, state=RankState.LOST, ended_at=now,
+                                       note=f"host lost: {ev.reason}")
+        self.store.update_host(self.plan.run_id, ev.node_rank, state=HostState.LOST, cleanup=Cleanup.PENDING,
+                               error=ev.reason)
+        if self._stop_reason is None:
+            self._begin_stop("failed", self._timeouts.grace)
+
+    def _on_done(self, ev: FollowDone) -> None:
+        self._followed.add(ev.node_rank)
+        if ev.node_rank not in self._lost:
+            self.store.update_host(self.plan.run_id, ev.node_rank, state=HostState.DONE)
+
+    def _on_stop_done(self, ev: "_StopDone") -> None:
+        self._stops_running -= 1
+        if ev.error is None:
+            self.store.update_host(self.plan.run_id, ev.node_rank, cleanup=Cleanup.DONE)
+        else:
+            self.store.update_host(self.plan.run_id, ev.node_rank, cleanup=Cleanup.PENDING, error=ev.error)
+            self._emit(Notice(f"{self.plan.nodes[ev.node_rank].host.name}: could not stop: {ev.error}; "
+                              f"`clusterrun stop {self.plan.run_id}` finishes it later", "error"))
 
     def _on_exit(self, ev: RankExit) -> None:
         if ev.rank in self._exits:
@@ -206,11 +220,11 @@ class Monitor:
         # a lost host's old connection is dead: go straight to one fresh attempt (bounded by the connect timeout)
         if node_rank not in self._lost:
             try:
-                self._client(node_rank).stop(self.plan.run_id, grace)
+                self._client(node_rank).stop(self.plan.run_id, grace, self._stop_reason or "stopped")
                 return
             except HostError:
                 pass
-        self._reconnect(node_rank).stop(self.plan.run_id, grace)
+        self._reconnect(node_rank).stop(self.plan.run_id, grace, self._stop_reason or "stopped")
 
     # -------------------------------------------------------------- result
 

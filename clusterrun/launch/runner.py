@@ -7,6 +7,7 @@ renders. Host work fans out to threads; every phase reports all failed hosts at 
 from __future__ import annotations
 
 import queue
+from secrets import token_hex
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,6 +62,8 @@ class Runner:
         self._phases: List[tuple] = []
         self.monitor: Optional[Monitor] = None
         self._held: Dict[int, HeldPush] = {}  # pushed, waiting for their start on the push's channel
+        self._peer_token = token_hex(16)  # the hosts' supervisors authenticate each other with it
+        self._coordinator_port: Optional[int] = None
         self._started: List[int] = []
 
     # -------------------------------------------------------------- signals
@@ -98,7 +101,7 @@ class Runner:
             self.store.update_run(self.run_id, state=RunState.RUNNING)
             self.monitor = Monitor(plan, self.store, client=self._client, reconnect=self._reconnect, emit=self._emit,
                                    events=self._q, timeouts=self.inv.timeouts, t0=self._t0,
-                                   restarts_allowed=self.inv.job.restarts)
+                                   restarts_allowed=self.inv.job.restarts, inventory=self.inv.path)
             if self._interrupts:
                 self.monitor.interrupt(force=self.force_requested)
             outcome = self.monitor.run()
@@ -297,16 +300,21 @@ class Runner:
                                push_seconds=round(result.seconds, 4))
         self._post(HostDone("push", node.host.name, time.monotonic() - t,
                              f"{result.sent_bytes} of {total} bytes sent, {result.files} files"))
+        if result.repaired:
+            self._post(Notice(f"{node.host.name}: {result.repaired} cached file(s) had changed since they were "
+                              "pushed (a job writing to its pushed files?): sent again", "warning"))
 
     def _spec(self, plan: LaunchPlan, node: NodePlan) -> dict:
-        spec = {"run_id": plan.run_id, "grace": self.inv.timeouts.grace, "fail_fast": True,
-                "time_limit": plan.time_limit_s,
+        left = None if plan.time_limit_s is None else max(1.0, plan.time_limit_s - self._elapsed())
+        spec = {"run_id": plan.run_id, "node_rank": node.node_rank, "node": node.host.name,
+                "grace": self.inv.timeouts.grace, "fail_fast": True, "time_limit": left,
+                "secret_names": list(plan.secret_names), "peers": self._peers(plan, node),
                 "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": rank_env(plan, r, self._secrets)}
                           for r in node.ranks]}
         if node.torchrun:  # one torchrun for the host; the ranks are the ones expected here
-            secrets = {name: self._secrets[name] for name in plan.secret_names}
+            values = {name: self._secrets[name] for name in plan.secret_names}
             spec.update({"launcher": "torchrun", "command": list(node.torchrun), "entry": list(node.entry),
-                         "env": {**node.env, **secrets}, "ranks": [{"rank": r.rank} for r in node.ranks]})
+                         "env": {**node.env, **values}, "ranks": [{"rank": r.rank} for r in node.ranks]})
         return spec
 
     def _start_node(self, plan: LaunchPlan, node: NodePlan) -> None:
@@ -314,11 +322,27 @@ class Runner:
         with self._lock:
             held = self._held.pop(node.node_rank)
         state = held.start(self._spec(plan, node))
+        if node.node_rank == 0:  # the other hosts' supervisors join rank 0's (remote/host/peers.py)
+            self._coordinator_port = (state.get("coordinator") or {}).get("port")
         with self._lock:
             self._started.append(node.node_rank)
         pid = state.get("supervisor", {}).get("pid")
         self.store.update_host(self.run_id, node.node_rank, state=HostState.STARTED, supervisor_pid=pid)
         self._post(HostDone("start", node.host.name, time.monotonic() - t))
+
+    def _peers(self, plan: LaunchPlan, node: NodePlan) -> dict:
+        """How this host's supervisor keeps the run's promises with the others when no controller watches:
+        rank 0's coordinates, the others join it (remote/host/peers.py)."""
+        if len(plan.nodes) < 2:
+            return {}
+        t = self.inv.timeouts
+        common = {"token": self._peer_token, "host_lost": t.host_lost, "join_timeout": t.command + t.host_lost}
+        if node.node_rank == 0:
+            return {**common, "coordinator": True, "expect": [n.node_rank for n in plan.nodes[1:]],
+                    "ipv6": ":" in plan.master_addr}
+        if self._coordinator_port is None:
+            return {}
+        return {**common, "addr": plan.master_addr, "port": self._coordinator_port}
 
     def _start_all(self, plan: LaunchPlan) -> None:
         """Rank 0's host first (it hosts the rendezvous), then every other host at once."""

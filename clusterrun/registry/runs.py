@@ -11,7 +11,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..config.inventory import Host, Inventory, inventory_from_snapshot
 from ..errors import HostError
-from ..events import LogLines, RankSeen
+from ..events import LogLines, RankSeen, Stuck
 from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles
 from ..hosts.group import GroupResult, fan_out
@@ -154,6 +154,7 @@ class _LogFetch:
                                  name=lambda n: n.host.name)
         self.clients: Dict[int, HostClient] = self.connected.results  # type: ignore[assignment]
         self.aux = ("torchrun",) if self.record.plan.get("launcher") == "torchrun" else ()
+        self.warned: set = set()
 
     def start(self, once: bool) -> List[Follower]:
         followers = []
@@ -189,6 +190,9 @@ class _LogFetch:
             elif isinstance(ev, RankSeen) and self.record.ranks[ev.rank].node_rank != ev.node_rank:
                 self.store.update_rank(self.run_id, ev.rank, node_rank=ev.node_rank,
                                        host=self.nodes[ev.node_rank].host.name)
+            elif isinstance(ev, Stuck) and (ev.node_rank, ev.rank, ev.remote) not in self.warned:
+                self.warned.add((ev.node_rank, ev.rank, ev.remote))
+                on_problem(ev.describe(self.record.inventory))
             elif isinstance(ev, (FollowDone, HostLost)):
                 live.discard(ev.node_rank)
                 if isinstance(ev, HostLost):

@@ -35,12 +35,12 @@ CREATE TABLE IF NOT EXISTS hosts (
   pushed_bytes INTEGER, push_seconds REAL, restarts INTEGER, PRIMARY KEY (run_id, node_rank));
 CREATE TABLE IF NOT EXISTS ranks (
   run_id TEXT, rank INTEGER, node_rank INTEGER, host TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
-  started_at REAL, ended_at REAL, pid INTEGER, note TEXT, PRIMARY KEY (run_id, rank));
+  started_at REAL, ended_at REAL, pid INTEGER, note TEXT, stop_reason TEXT, PRIMARY KEY (run_id, rank));
 """
 
 # columns added after schema 1 first shipped, for registries that predate them
 _ADDED_COLUMNS = (("runs", "phases TEXT"), ("hosts", "pushed_bytes INTEGER"), ("hosts", "push_seconds REAL"),
-                  ("hosts", "restarts INTEGER"))
+                  ("hosts", "restarts INTEGER"), ("ranks", "stop_reason TEXT"))
 
 
 def state_dir() -> str:
@@ -98,7 +98,7 @@ class HostRecord:
 def rank_json(r: RankResult) -> dict:
     return {"rank": r.rank, "node_rank": r.node_rank, "host": r.host, "state": RankState(r.state).value,
             "exit_code": r.exit_code, "signal": r.signal, "started_at": r.started_at, "ended_at": r.ended_at,
-            "note": r.note or None, "result": r.describe()}
+            "note": r.note or None, "stop_reason": r.stop_reason or None, "result": r.describe()}
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,8 @@ class RunStore:
         started, ended = info.get("started_at"), info.get("ended_at")
         self.update_rank(run_id, rank, state=exit_state(info), exit_code=info.get("exit_code"),
                          signal=info.get("signal"), started_at=started - clock_offset if started else None,
-                         ended_at=(ended - clock_offset) if ended else time.time(), note=info.get("error"))
+                         ended_at=(ended - clock_offset) if ended else time.time(), note=info.get("error"),
+                         stop_reason=info.get("stop_reason"))
 
     def _update(self, table: str, where: str, key: tuple, fields: Dict[str, Any]) -> None:
         if not fields:
@@ -232,7 +233,7 @@ class RunStore:
             ranks = tuple(RankResult(
                 rank=r["rank"], node_rank=r["node_rank"], host=r["host"], state=RankState(r["state"]),
                 exit_code=r["exit_code"], signal=r["signal"], started_at=r["started_at"], ended_at=r["ended_at"],
-                log_path=self.log_file(run_id, r["rank"]), note=r["note"] or "")
+                log_path=self.log_file(run_id, r["rank"]), note=r["note"] or "", stop_reason=r["stop_reason"] or "")
                 for r in self._db.execute("SELECT * FROM ranks WHERE run_id = ? ORDER BY rank", (run_id,)))
         return RunRecord(id=row["id"], created_at=row["created_at"], inventory=row["inventory"],
                          snapshot=json.loads(row["snapshot"]), plan=json.loads(row["plan"]),

@@ -12,12 +12,23 @@ from ..errors import RemoteCommandError
 from . import Completed, StreamClosed, run_on
 
 
+# What a local host program gets of the controller's environment: what an SSH login would give it (and
+# the GPU selection people set on their workstation), not the controller's tokens and settings.
+PASSED_ENV = ("HOME", "USER", "LOGNAME", "PATH", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+              "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def host_environment(environ=None) -> dict:
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k in PASSED_ENV or k.startswith("LC_")}
+
+
 class LocalStream:
     def __init__(self, argv: Sequence[str]):
         self._err = tempfile.TemporaryFile()
         # Own session: a Ctrl-C in the terminal reaches the controller only, which then stops the run in order.
         self._proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-                                      start_new_session=True, close_fds=True)
+                                      start_new_session=True, close_fds=True, env=host_environment())
         self._out_fd = self._proc.stdout.fileno()
 
     def write(self, data: bytes, timeout: Optional[float] = None) -> None:

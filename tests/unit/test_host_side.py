@@ -42,7 +42,8 @@ def project(tmp_path, files):
 
 def spec(run_id, ranks, grace=5.0, **extra):
     return {"run_id": run_id, "grace": grace, "fail_fast": True,
-            "ranks": [{"rank": r, "argv": argv, "env": {"CLUSTERRUN_RUN_ID": run_id}} for r, argv in ranks],
+            "ranks": [{"rank": r, "argv": argv, "env": {"CLUSTERRUN_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}}
+                      for r, argv in ranks],
             **extra}
 
 

@@ -90,7 +90,7 @@ class FakeAgent:
     def follow(self, run_id, offsets, once=False):
         return FakeStream(self.h)
 
-    def stop(self, run_id, grace):
+    def stop(self, run_id, grace, reason="stopped"):
         self.h.stops.append(grace)
         self.h.world.calls.append(("stop", self.h.name))
         if not self.h.reachable_for_stop:

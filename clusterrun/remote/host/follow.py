@@ -17,8 +17,13 @@ import time
 
 from .common import CHUNK, FRAME, HEARTBEAT_EVERY, IDLE_SLEEP, Fail, exit_path, log_path, read_json
 from .runstate import collect_exits, load_state, rank_ids, supervisor_done
+from .secrets import Masker, secret_values
+from .sockets import connecting
 
 AUX = ("launcher.log",)  # auxiliary streams, by index
+SEND_AT_ONCE = 4 * CHUNK  # read per file per round, then sent in CHUNK-sized frames
+STUCK_AFTER = 8.0  # a rank connecting this long without an answer is reported (the rendezvous watchdog)
+STUCK_FORGET = 5.0
 
 
 def emit(kind, rank, offset, payload):
@@ -44,6 +49,8 @@ class Follow:
         self.ranks = rank_ids(spec, state)
         self.aux = [("a", i) for i in range(len(AUX))] if self.dynamic else []
         self.handles, self.sent_exit, self.exits = {}, set(), {}
+        self.masker = Masker(secret_values(spec))  # secrets never leave this host (secrets.py)
+        self.stuck_since = {}  # (rank, remote) -> (first, last) time it was seen connecting
         self.last_beat = self.last_collect = 0.0
         self.sup_alive = True
 
@@ -53,12 +60,14 @@ class Follow:
             self.refresh_exits(now)
             progressed = False
             for key in self.aux:
-                progressed = self.send_log(key, os.path.join(self.run_dir, AUX[key[1]]), b"A", key[1]) or progressed
+                progressed = self.send_log(key, os.path.join(self.run_dir, AUX[key[1]]), b"A", key[1],
+                                           final=not self.sup_alive or supervisor_done(self.run_dir)) or progressed
             for rank in self.ranks:
                 progressed = self.send_rank(rank) or progressed
             if now - self.last_beat >= HEARTBEAT_EVERY:
                 emit(b"H", 0, 0, json.dumps({"now": now, "supervisor_alive": self.sup_alive,
-                                             "restarts": (self.state or {}).get("restarts", 0)}).encode())
+                                             "restarts": (self.state or {}).get("restarts", 0),
+                                             "connecting": self.stuck(now)}).encode())
                 self.last_beat = now
                 progressed = True
             if progressed:
@@ -71,6 +80,24 @@ class Follow:
                 self.state = read_json(os.path.join(self.run_dir, "state.json"))
             if not progressed:
                 time.sleep(IDLE_SLEEP)
+
+    def stuck(self, now):
+        """[{rank, remote, seconds}] for ranks that have been connecting without an answer for a while."""
+        state = self.state or {}
+        watched = [(int(rank), info.get("pid")) for rank, info in (state.get("ranks") or {}).items()
+                   if int(rank) not in self.exits]
+        if (state.get("launcher") or {}).get("pid"):
+            watched.append((-1, state["launcher"]["pid"]))  # torchrun's own rendezvous
+        for rank, pid in watched:
+            for remote in connecting([pid]) if pid else ():
+                since, _ = self.stuck_since.get((rank, remote), (now, now))
+                self.stuck_since[(rank, remote)] = (since, now)
+        # a process that retries its connect shows a new socket each time, not always in SYN-SENT when we
+        # look: forget an address only once it has not been seen connecting for a while
+        self.stuck_since = {k: v for k, v in self.stuck_since.items() if now - v[1] < STUCK_FORGET}
+        return [{"rank": rank if rank >= 0 else None, "remote": remote, "seconds": round(now - since, 1)}
+                for (rank, remote), (since, last) in sorted(self.stuck_since.items())
+                if last == now and now - since >= STUCK_AFTER]
 
     def finished(self):
         if any(rank not in self.sent_exit for rank in self.ranks):
@@ -92,8 +119,9 @@ class Follow:
                 if rec is not None:
                     self.exits[rank] = rec
 
-    def send_log(self, key, path, kind, number):
-        """New bytes of one log file, from its offset; True if anything was sent."""
+    def send_log(self, key, path, kind, number, final=True):
+        """New bytes of one log file, from its offset, secrets masked; True if anything was sent. Unless the
+        file is final, bytes that may begin a secret wait for what follows them."""
         fh = self.handles.get(key)
         if fh is None:
             try:
@@ -101,24 +129,25 @@ class Follow:
             except OSError:
                 return False
         offset = self.offsets.get(key, 0)
-        sent = False
-        if os.fstat(fh.fileno()).st_size > offset:
-            fh.seek(offset)
-            while True:
-                data = fh.read(CHUNK)
-                if not data:
-                    break
-                emit(kind, number, offset, data)
-                offset += len(data)
-                sent = True
-                if len(data) < CHUNK:
-                    break
-            self.offsets[key] = offset
-        return sent
+        if os.fstat(fh.fileno()).st_size <= offset:
+            return False
+        fh.seek(offset)
+        data = fh.read(SEND_AT_ONCE)
+        if self.masker:
+            more = os.fstat(fh.fileno()).st_size > offset + len(data)
+            data = self.masker.mask(data)
+            if more or not final:
+                data = data[:len(data) - self.masker.holdback(data)]
+        for start in range(0, len(data), CHUNK):
+            part = data[start:start + CHUNK]
+            emit(kind, number, offset, part)
+            offset += len(part)
+        self.offsets[key] = offset
+        return bool(data)
 
     def send_rank(self, rank):
         """New log bytes of one rank, then its exit once the log is drained; True if anything was sent."""
-        sent = self.send_log(rank, log_path(self.run_dir, rank), b"L", rank)
+        sent = self.send_log(rank, log_path(self.run_dir, rank), b"L", rank, final=rank in self.exits)
         fh = self.handles.get(rank)
         if fh is None:  # no log file (it could not start): its exit still goes out
             return self.send_exit(rank, 0) or sent
@@ -130,6 +159,6 @@ class Follow:
     def send_exit(self, rank, offset):
         if rank not in self.exits or rank in self.sent_exit:
             return False
-        emit(b"X", rank, offset, json.dumps(self.exits[rank]).encode())
+        emit(b"X", rank, offset, json.dumps(self.masker.mask_record(self.exits[rank])).encode())
         self.sent_exit.add(rank)
         return True

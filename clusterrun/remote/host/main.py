@@ -67,7 +67,7 @@ def main(argv):
         if command == "status":
             return cmd_status(run_dir())
         if command == "stop":
-            return cmd_stop(run_dir(), float(args[1]))
+            return cmd_stop(run_dir(), float(args[1]), args[2] if len(args) > 2 else "stopped")
         if command == "cat":
             return cmd_cat(run_dir(), args[1])
         if command == "free-port":

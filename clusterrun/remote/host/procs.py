@@ -39,9 +39,18 @@ def group_alive(pgid):
         return False
 
 
-def run_members(run_id):
-    """Pids of this user's processes whose environment carries this run's id (catches setsid escapees)."""
-    marker = ("CLUSTERRUN_RUN_ID=%s" % run_id).encode()
+MARKER_ENV = "CLUSTERRUN_PROCESS"
+
+
+def process_marker(spec):
+    """What every process of one run on one host carries in its environment: the run id and the node's
+    name, so that two nodes of one run on one machine never take each other's processes for their own."""
+    return "%s/%s" % (spec["run_id"], spec.get("node", ""))
+
+
+def run_members(marker):
+    """Pids of this user's processes whose environment carries this marker (catches setsid escapees)."""
+    marker = ("%s=%s" % (MARKER_ENV, marker)).encode()
     found = []
     try:
         names = os.listdir("/proc")
@@ -60,7 +69,7 @@ def run_members(run_id):
     return found
 
 
-def signal_rank(run_id, info, sig):
+def signal_rank(marker, info, sig):
     """Signal one rank's process group, if it is still ours; else its leftover members by run id."""
     pgid = info.get("pgid")
     if same_process(info.get("pid"), info.get("ticks")):
@@ -69,7 +78,7 @@ def signal_rank(run_id, info, sig):
         except (ProcessLookupError, PermissionError):
             pass
         return
-    for pid in run_members(run_id):
+    for pid in run_members(marker):
         try:
             if os.getpgid(pid) == pgid:
                 os.kill(pid, sig)
@@ -77,11 +86,11 @@ def signal_rank(run_id, info, sig):
             pass
 
 
-def rank_live(run_id, info):
+def rank_live(marker, info):
     if same_process(info.get("pid"), info.get("ticks")):
         return True
     pgid = info.get("pgid")
-    for pid in run_members(run_id):
+    for pid in run_members(marker):
         try:
             if os.getpgid(pid) == pgid:
                 return True

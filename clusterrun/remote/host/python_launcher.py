@@ -5,7 +5,7 @@ import subprocess
 import time
 
 from .common import log_path
-from .procs import start_ticks
+from .procs import MARKER_ENV, process_marker, start_ticks
 from .supervisor import Supervisor
 
 
@@ -26,6 +26,7 @@ class RankSupervisor(Supervisor):
                 continue
             env = dict(os.environ)
             env.update(r["env"])
+            env[MARKER_ENV] = process_marker(self.spec)
             fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 proc = subprocess.Popen(r["argv"], cwd=os.path.join(self.run_dir, "job"), env=env,

@@ -4,7 +4,7 @@ against their SHA-256, and the run's job folder is built from hard links to them
 Protocol (framed JSON messages, common.read_msg/send_msg; object bytes raw in between):
   controller → manifest {files: [[rel, sha256, size, exec]], dirs, symlinks, hold, free_port, check_port,
                          master_addr}
-  host       → {missing: [sha256...], port, facts}  or  {error, kind, path}
+  host       → {missing: [sha256...], repaired: [sha256...], port, facts}  or  {error, kind, path}
   controller → the missing objects' bytes, back to back, in the order asked
   host       → {ok, received, objects, files}  or  {error, kind, path}
   (hold only) controller → {setup: {...}}; host → setup.py's messages      (only where job.setup is set)
@@ -18,6 +18,7 @@ import platform
 import shutil
 import socket
 import sys
+import time
 
 from .common import CHUNK, Fail, free_port, read_msg, send_msg
 from .setup import run_setup
@@ -53,6 +54,95 @@ def object_path(cache, sha, executable):
     return os.path.join(cache, sha[:2], sha + ("-x" if executable else ""))
 
 
+class CacheIndex:
+    """What each cached object looked like when it was stored: `cache/objects.log`, one line per object
+    stored or checked ("sha exec size mtime_ns"; the last line of an object wins), appended atomically.
+
+    Run folders are hard links into the cache, so a job that writes to a pushed file (as root, or after a
+    chmod) changes the cached object. Before an object is linked into a new run, it is compared with
+    its line (size, mtime, read-only mode); when they differ, its SHA-256 decides: the same content is
+    noted afresh, a changed one is dropped, fetched again, and the event logged in `cache/events.log`."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.path = os.path.join(cache, "objects.log")
+        self.known = None
+        self.pending = []  # lines of objects this push stored: written only once the push succeeded
+
+    def _load(self):
+        self.known = {}
+        try:
+            with open(self.path, "rb") as fh:
+                for line in fh:
+                    parts = line.split()
+                    if len(parts) == 4:
+                        self.known[(parts[0].decode(), parts[1] == b"1")] = (int(parts[2]), int(parts[3]))
+        except (OSError, ValueError):
+            pass
+
+    def note(self, sha, exe, st, later=False):
+        """Record what the object looks like now (later: once the push has succeeded, see flush)."""
+        line = "%s %d %d %d\n" % (sha, 1 if exe else 0, st.st_size, st.st_mtime_ns)
+        if later:
+            self.pending.append(line)
+        else:
+            self._append(line)
+        if self.known is not None:
+            self.known[(sha, bool(exe))] = (st.st_size, st.st_mtime_ns)
+
+    def flush(self):
+        if self.pending:
+            self._append("".join(self.pending))
+            self.pending = []
+
+    def _append(self, text):
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    def check(self, sha, exe, size, path):
+        """"ok" when the object at path holds its content, "missing", or "changed" (then it was removed,
+        and the event logged)."""
+        if self.known is None:
+            self._load()
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return "missing"
+        readonly = not (st.st_mode & 0o222)
+        if readonly and st.st_size == size and self.known.get((sha, bool(exe))) == (size, st.st_mtime_ns):
+            return "ok"
+        if st.st_size == size and _sha256(path) == sha:
+            self.note(sha, exe, st)  # the same content (touched, or stored by an older version): fine
+            if not readonly:
+                os.chmod(path, 0o555 if exe else 0o444)
+            return "ok"
+        self.event("object %s was changed after it was stored (a job writing to a pushed file?): dropped, "
+                   "fetched again" % sha)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return "changed"
+
+    def event(self, text):
+        fd = os.open(os.path.join(self.cache, "events.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, ("%s %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), text)).encode())
+        finally:
+            os.close(fd)
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def cmd_receive(workdir, run_dir):
     """Receive objects the host's content cache lacks, then build RUN_DIR/job from hard links."""
     push = Push(workdir, run_dir)
@@ -74,6 +164,8 @@ class Push:
         self.cache = os.path.join(workdir, "cache", "objects")
         self.run_dir = run_dir
         self.stdin = sys.stdin.buffer
+        self.index = CacheIndex(self.cache)
+        self.repaired = []  # objects found changed in the cache: fetched again
         self.made_run_dir = False
         self.created = []  # objects this push added to the cache
         self.received = 0  # object bytes read from the controller so far
@@ -89,7 +181,7 @@ class Push:
         if refusal:
             send_msg(refusal)
             return 1
-        send_msg({"missing": [sha for sha, _, _ in missing],
+        send_msg({"missing": [sha for sha, _, _ in missing], "repaired": self.repaired,
                   "port": free_port() if manifest.get("free_port") else None,
                   "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""))})
         try:
@@ -101,22 +193,30 @@ class Push:
             self.drain(need - self.received)  # so that the controller gets to read the answer
             send_msg(self.answer(exc))
             return 1
+        self.index.flush()
         send_msg({"ok": True, "received": self.received, "objects": len(missing), "files": len(files)})
         if manifest.get("hold"):
             self.hold_for_start()
         return 0
 
     def missing(self, files):
-        """[sha, size, exec] of each object the cache lacks, once; every path and id checked first."""
-        for rel, sha, _, _ in files:
+        """[sha, size, exec] of each object the cache lacks (or holds changed), once; every path, id and
+        size checked first."""
+        for rel, sha, size, _ in files:
             safe_rel(rel)
-            if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-                raise Fail("bad object id %r" % sha, "protocol")
+            if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+                raise Fail("bad object id %r" % (sha,), "protocol")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise Fail("bad size %r for %s" % (size, rel), "protocol")
         missing, seen = [], set()
         for _, sha, size, exe in files:
             key = (sha, bool(exe))
-            if key not in seen and not os.path.exists(object_path(self.cache, sha, exe)):
-                missing.append([sha, size, bool(exe)])
+            if key not in seen:
+                found = self.index.check(sha, exe, size, object_path(self.cache, sha, exe))
+                if found != "ok":
+                    missing.append([sha, size, bool(exe)])
+                if found == "changed":
+                    self.repaired.append(sha)
             seen.add(key)
         return missing
 
@@ -166,6 +266,7 @@ class Push:
                 raise Fail("content of %s arrived corrupted" % sha, "corrupt")
             os.replace(tmp, final)
             self.created.append(final)
+            self.index.note(sha, exe, os.stat(final), later=True)
         except BaseException:
             if fd >= 0:
                 os.close(fd)
@@ -173,9 +274,10 @@ class Push:
             raise
 
     def build_tree(self, manifest, files):
-        """RUN_DIR/job: the folders, a hard link per file into the cache, and the symlinks."""
-        job = os.path.join(self.run_dir, "job")
-        os.mkdir(job, 0o700)
+        """RUN_DIR/job: the folders, a hard link per file into the cache, and the symlinks (last, each
+        checked: no symlink among its ancestors, and it must resolve inside the job)."""
+        os.mkdir(os.path.join(self.run_dir, "job"), 0o700)
+        job = os.path.realpath(os.path.join(self.run_dir, "job"))
         self._folders.add(job)
         for rel in manifest.get("dirs", []):
             self.folder(os.path.join(job, safe_rel(rel)))
@@ -190,11 +292,18 @@ class Push:
                 shutil.copy2(src, dest)  # another file system, or too many links
         for rel, target in manifest.get("symlinks", []):
             dest = os.path.join(job, safe_rel(rel))
-            resolved = os.path.normpath(os.path.join(os.path.dirname(dest), target))
+            parent = os.path.dirname(dest)
+            if os.path.realpath(parent) != parent:  # a symlink among its ancestors: it would lead elsewhere
+                raise Fail("symlink %s lies under another symlink" % rel, "protocol", rel)
+            resolved = os.path.normpath(os.path.join(parent, target))
             if target.startswith("/") or not resolved.startswith(job + os.sep):
                 raise Fail("symlink %s points out of the job (%s)" % (rel, target), "protocol", rel)
-            os.makedirs(os.path.dirname(dest), 0o700, exist_ok=True)
+            os.makedirs(parent, 0o700, exist_ok=True)
             os.symlink(target, dest)
+            real = os.path.realpath(dest)
+            if real != job and not real.startswith(job + os.sep):
+                os.unlink(dest)
+                raise Fail("symlink %s resolves out of the job (%s)" % (rel, real), "protocol", rel)
 
     def undo(self):
         """Nothing has started: leave no partial run behind, and give the space back (the disk may be full)."""
@@ -229,6 +338,6 @@ class Push:
                 run_setup(self.workdir, self.run_dir, message["setup"], self.stdin)
                 message = read_msg(self.stdin)
         except (Fail, EOFError):
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.undo()  # the run folder, and the objects this push added to the cache
             return
         send_msg({"state": start_run(self.run_dir, message["start"])})

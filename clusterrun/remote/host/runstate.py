@@ -4,7 +4,7 @@ import os
 import time
 
 from .common import Fail, exit_path, log_path, read_json, reply, write_json_atomic
-from .procs import rank_live, same_process
+from .procs import process_marker, rank_live, same_process
 
 
 
@@ -48,7 +48,7 @@ def collect_exits(run_dir, spec, state, check_lost=True):
         rec = read_json(exit_path(run_dir, rank))
         if rec is None and check_lost and not sup_alive:
             info = (state or {}).get("ranks", {}).get(str(rank))
-            if info is None or not rank_live(spec["run_id"], info):
+            if info is None or not rank_live(process_marker(spec), info):
                 rec = {"rank": rank, "exit_code": None, "signal": None, "ended_at": time.time(), "stopped": False,
                        "lost": True, "error": "the supervisor on this host is gone; exit status unknown"}
                 write_json_atomic(exit_path(run_dir, rank), rec, exclusive=True)

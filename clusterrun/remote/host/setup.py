@@ -19,6 +19,7 @@ import subprocess
 import time
 
 from .common import read_json, send_msg, write_json_atomic
+from .secrets import Masker
 
 BEAT_EVERY = 2.0
 EXIT_TIMEOUT = 124
@@ -44,11 +45,13 @@ def run_setup(workdir, run_dir, request, stdin):
     t0 = time.time()
     env = dict(os.environ)
     env.update(request.get("env") or {})
+    masker = Masker(sorted((env[n].encode() for n in request.get("secret_names", []) if len(env.get(n, "")) >= 4),
+                           key=len, reverse=True))
     deadline = t0 + float(request.get("timeout", 600))
     log = os.open(os.path.join(run_dir, "setup.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         for index, command in enumerate(request["commands"]):
-            code = _run_one(command, os.path.join(run_dir, "job"), env, deadline, log, stdin)
+            code = _run_one(command, os.path.join(run_dir, "job"), env, deadline, log, stdin, masker)
             if code != 0:
                 send_msg({"setup": {"exit": code, "skipped": False, "command": index, "seconds": time.time() - t0}})
                 return False
@@ -61,14 +64,15 @@ def run_setup(workdir, run_dir, request, stdin):
     return True
 
 
-def _run_one(command, cwd, env, deadline, log, stdin):
+def _run_one(command, cwd, env, deadline, log, stdin, masker):
     os.write(log, ("$ %s\n" % command).encode())
-    send_msg({"out": "$ %s\n" % command})
+    send_msg({"out": masker.mask_text("$ %s\n" % command)})
     proc = subprocess.Popen([login_shell(), "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     out = proc.stdout.fileno()
     watch = [out, stdin.fileno()]
     last_beat = time.time()
+    pending = b""
     try:
         while True:
             now = time.time()
@@ -85,9 +89,15 @@ def _run_one(command, cwd, env, deadline, log, stdin):
             if out in ready:
                 data = os.read(out, 1 << 16)
                 if not data:
+                    if pending:
+                        send_msg({"out": masker.mask(pending).decode("utf-8", "replace")})
                     return proc.wait()
                 os.write(log, data)
-                send_msg({"out": data.decode("utf-8", "replace")})
+                pending = masker.mask(pending + data)
+                hold = masker.holdback(pending)  # the start of a secret may be in the next read
+                ready_part, pending = pending[:len(pending) - hold], pending[len(pending) - hold:]
+                if ready_part:
+                    send_msg({"out": ready_part.decode("utf-8", "replace")})
             if time.time() - last_beat >= BEAT_EVERY:
                 send_msg({"beat": time.time()})
                 last_beat = time.time()

@@ -6,20 +6,21 @@ import signal
 import time
 
 from .common import read_json, reply, write_json_atomic
-from .procs import rank_live, run_members, same_process, signal_rank
+from .procs import process_marker, rank_live, run_members, same_process, signal_rank
 from .runstate import collect_exits, load_state, rank_ids
 
 
 
-def cmd_stop(run_dir, grace):
+def cmd_stop(run_dir, grace, reason="stopped"):
     spec, state = load_state(run_dir, must_exist=False)
     if spec is None:  # pushed (or partly) but never started: nothing runs, so the files go too
         removed = os.path.isdir(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
         reply({"exits": {}, "left": [], "note": "never started" + ("; pushed files removed" if removed else "")})
         return 0
-    run_id = spec["run_id"]
-    write_json_atomic(os.path.join(run_dir, "stop.json"), {"grace": grace, "requested_at": time.time()})
+    marker = process_marker(spec)
+    write_json_atomic(os.path.join(run_dir, "stop.json"), {"grace": grace, "reason": reason,
+                                                          "requested_at": time.time()})
     waited = time.time() + 5.0
     while state is None and time.time() < waited:  # a supervisor starting right now reads stop.json first
         time.sleep(0.02)
@@ -32,9 +33,9 @@ def cmd_stop(run_dir, grace):
             os.kill(sup["pid"], signal.SIGTERM)
         else:
             for info in targets.values():
-                signal_rank(run_id, info, signal.SIGTERM)
-    killed = _wait_or_kill(run_id, targets, grace)
-    for pid in run_members(run_id):  # anything of this run that left its process group
+                signal_rank(marker, info, signal.SIGTERM)
+    killed = _wait_or_kill(marker, targets, grace)
+    for pid in run_members(marker):  # anything of this node of the run that left its process group
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -48,7 +49,7 @@ def cmd_stop(run_dir, grace):
         time.sleep(0.02)
     exits, sup_alive = collect_exits(run_dir, spec, state)
     reply({"exits": {str(k): v for k, v in exits.items()}, "killed": killed,
-           "left": [name for name, info in targets.items() if rank_live(run_id, info)]})
+           "left": [name for name, info in targets.items() if rank_live(marker, info)]})
     return 0
 
 
@@ -62,17 +63,17 @@ def _targets(state, pending):
     return targets
 
 
-def _wait_or_kill(run_id, targets, grace):
+def _wait_or_kill(marker, targets, grace):
     """Wait up to the grace for every target to end, then KILL what is left; True if anything was killed."""
     deadline = time.time() + grace
     killed = False
     while True:
-        live = [info for info in targets.values() if rank_live(run_id, info)]
+        live = [info for info in targets.values() if rank_live(marker, info)]
         if not live:
             return killed
         if time.time() >= deadline and not killed:
             for info in live:
-                signal_rank(run_id, info, signal.SIGKILL)
+                signal_rank(marker, info, signal.SIGKILL)
             killed = True
         elif killed and time.time() >= deadline + 5:
             return killed

@@ -1,11 +1,24 @@
-"""What every launcher's supervisor does on its host (see supervise.py for how one is started)."""
+"""What every launcher's supervisor does on its host (see supervise.py for how one is started).
+
+Its promises hold with no controller alive: it enforces the run's time limit itself (stop reason
+"time-limit", the run ends with exit 4), and with the other hosts' supervisors (peers.py) it stops every
+rank on every host after the first failure anywhere, or when a host goes silent.
+"""
 
 import os
 import signal
+import sys
 import time
 
 from .common import PROTOCOL, exit_path, read_json, write_json_atomic
+from .peers import Coordinator, Peer
 from .procs import group_alive, start_ticks
+from .secrets import scrub_run
+
+# Why a supervisor stopped its ranks (exit records carry it as "stop_reason").
+TIME_LIMIT = "time-limit"
+FAILED = "failed"  # a rank of this host failed (fail_fast)
+STOPPED = "stopped"  # clusterrun stop, Ctrl-C, the controller's teardown
 
 
 class Supervisor:
@@ -21,7 +34,19 @@ class Supervisor:
         self.requested = []  # signals received
         self.ranks, self.exits = {}, {}
         self.stopping_since = None
+        self.stop_reason = None
         self.cleanup = {}  # pgid -> deadline: members left behind by a process that exited
+        self.started = time.time()
+        limit = spec.get("time_limit")  # seconds left of the run's time limit when this host started
+        self.deadline = self.started + float(limit) if limit else None
+        peers = spec.get("peers") or {}
+        self.coordinator = Coordinator(peers, self.log) if peers.get("coordinator") else None
+        self.peer = Peer(peers, int(spec.get("node_rank", 0)), self.log) if peers.get("addr") else None
+        self.told_failure = self.told_done = False
+
+    def log(self, text):
+        sys.stdout.write("%s %s\n" % (time.strftime("%H:%M:%S"), text))
+        sys.stdout.flush()
 
     def run(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -29,19 +54,52 @@ class Supervisor:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self.start()
         self.write_state()
-        while self.running() or self.cleanup:
+        while self.running() or self.cleanup or self.serving(time.time()):
             now = time.time()
             self.poll(now)
             self.reap_leftovers(now)
+            self.talk(now)
             self.forward_stop(now)
             time.sleep(0.05)
+        self.talk(time.time())
+        if self.peer is not None:
+            self.peer.finish(time.time() + 2.0)
+        for side in (self.coordinator, self.peer):
+            if side is not None:
+                side.close()
+        scrub_run(self.run_dir, self.spec, [int(k) for k in self.exits] + [int(k) for k in self.ranks],
+                  extra_logs=("launcher.log", "setup.log"))
         write_json_atomic(os.path.join(self.run_dir, "done.json"), {"ended_at": time.time()})
         return 0
 
     def state(self):
-        return {"protocol": PROTOCOL, "run_id": self.spec["run_id"],
-                "supervisor": {"pid": os.getpid(), "ticks": start_ticks(os.getpid())}, "ranks": self.ranks,
-                "started_at": time.time()}
+        state = {"protocol": PROTOCOL, "run_id": self.spec["run_id"],
+                 "supervisor": {"pid": os.getpid(), "ticks": start_ticks(os.getpid())}, "ranks": self.ranks,
+                 "started_at": self.started}
+        if self.coordinator is not None:
+            state["coordinator"] = {"port": self.coordinator.port}
+        return state
+
+    def serving(self, now):
+        """The coordinator stays up while peers it knows of may still run (they would take its going for
+        a lost host)."""
+        return self.coordinator is not None and self.coordinator.waiting(now)
+
+    def talk(self, now):
+        """The peers' side of the promises: report this host's first failure and its end; hear theirs."""
+        if self.coordinator is not None:
+            self.coordinator.tick(now)
+            if self.stopping_since is not None:
+                self.coordinator.stop(self.stop_reason or STOPPED)
+        if self.peer is not None:
+            self.peer.tick(now)
+            failure = self.first_failure()
+            if failure is not None and not self.told_failure:
+                self.peer.send({"failed": failure})
+                self.told_failure = True
+            if not self.running() and not self.told_done:
+                self.peer.done = True  # said now if joined, else in the hello
+                self.told_done = True
 
     def write_state(self):
         write_json_atomic(os.path.join(self.run_dir, "state.json"), self.state())
@@ -49,6 +107,8 @@ class Supervisor:
     def record(self, rank, **fields):
         self.exits[rank] = dict({"rank": rank, "exit_code": None, "signal": None, "ended_at": time.time(),
                                  "started_at": None, "stopped": False}, **fields)
+        if self.exits[rank]["stopped"] and self.stop_reason:
+            self.exits[rank].setdefault("stop_reason", self.stop_reason)
         write_json_atomic(exit_path(self.run_dir, rank), self.exits[rank])
 
     def watch_group(self, pgid, now):
@@ -65,17 +125,40 @@ class Supervisor:
                 killpg(pgid, signal.SIGKILL)
                 del self.cleanup[pgid]
 
-    def failed(self):
-        return any(e["exit_code"] != 0 and not e["stopped"] for e in self.exits.values())
+    def first_failure(self):
+        failed = [e for e in self.exits.values() if e["exit_code"] != 0 and not e["stopped"]]
+        if not failed:
+            return None
+        first = min(failed, key=lambda e: e.get("ended_at") or 0)
+        return {"rank": first["rank"], "exit_code": first.get("exit_code"), "signal": first.get("signal")}
+
+    def why_stop(self, now):
+        """Why every rank here must stop now, or None: a signal or stop.json (clusterrun), the time limit,
+        a failed rank here (fail_fast), or what the other hosts' supervisors found."""
+        stop_file = read_json(os.path.join(self.run_dir, "stop.json"))
+        if self.requested or stop_file:
+            if stop_file:
+                self.grace = float(stop_file.get("grace", self.grace))
+            return (stop_file or {}).get("reason") or STOPPED
+        if self.deadline is not None and now >= self.deadline:
+            self.log("time limit reached: stopping")
+            return TIME_LIMIT
+        if self.first_failure() is not None and self.spec.get("fail_fast", True):
+            return FAILED
+        if self.coordinator is not None and self.coordinator.failure:
+            self.log("stopping: %s" % self.coordinator.failure)
+            return "failed elsewhere: %s" % self.coordinator.failure
+        if self.peer is not None and self.peer.stop_reason:
+            self.log("stopping: %s" % self.peer.stop_reason)
+            return self.peer.stop_reason
+        return None
 
     def forward_stop(self, now):
-        """On a signal, stop.json or a failed rank (fail_fast): TERM every running group, KILL after the grace."""
+        """TERM every running group once there is a reason to stop (why_stop), KILL after the grace."""
         if self.stopping_since is None:
-            stop_file = read_json(os.path.join(self.run_dir, "stop.json"))
-            if self.requested or stop_file or (self.failed() and self.spec.get("fail_fast", True)):
-                self.stopping_since = now
-                if stop_file:
-                    self.grace = float(stop_file.get("grace", self.grace))
+            reason = self.why_stop(now)
+            if reason is not None:
+                self.stopping_since, self.stop_reason = now, reason
                 for pgid in self.groups(stopping=True):
                     killpg(pgid, signal.SIGTERM)
         elif now - self.stopping_since >= self.grace:

@@ -21,7 +21,7 @@ import subprocess
 import time
 
 from .common import read_json
-from .procs import same_process, start_ticks
+from .procs import MARKER_ENV, process_marker, same_process, start_ticks
 from .supervisor import Supervisor
 
 LAUNCHER_LOG = "launcher.log"
@@ -64,6 +64,7 @@ class TorchrunSupervisor(Supervisor):
         argv = list(self.spec["command"]) + [shim, self.run_dir, "--"] + list(self.spec["entry"])
         env = dict(os.environ)
         env.update(self.spec["env"])
+        env[MARKER_ENV] = process_marker(self.spec)
         fd = os.open(os.path.join(self.run_dir, LAUNCHER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self.proc = subprocess.Popen(argv, cwd=os.path.join(self.run_dir, "job"), env=env,
