@@ -34,6 +34,7 @@ PAIRS = {  # section: (name, numerator method, denominator method, metric)
              ("unchanged/floor", "clusterrun-unchanged", "floor", "time")],
     "logs": [("clusterrun/ssh", "clusterrun", "ssh", "lines_per_s")],
     "training": [("clusterrun/by-hand", "clusterrun", "by-hand", "samples_per_s")],
+    "restarts": [("clusterrun/torchrun", "clusterrun", "torchrun", "time")],
 }
 FASTEST_OF = ("scp", "rsync", "sftp")
 
@@ -133,6 +134,15 @@ def evaluate(summary: Dict) -> List[dict]:
             left = get(summary, "teardown", h, m, "left_processes", "max")
             if left is not None:
                 add(f"teardown ({m}): no process left", h, left, left == 0, f"{left:.0f}")
+    for h in sorted(summary.get("restarts", {}), key=int):  # bench/sections/restarts.py: grace 2 s, host_lost 5 s
+        t = get(summary, "restarts", h, "clusterrun", "time")
+        add("failed rank → new attempt's first step ≤ grace + 3 s", h, t, None if t is None else t <= 2 + 3,
+            "" if t is None else f"{t:.2f} s")
+        r = get(summary, "restarts", h, "ratio", "clusterrun/torchrun")
+        add("… against torchrun restarting its own workers (same job)", h, r, None, tables.times(r))
+        t = get(summary, "restarts", h, "clusterrun-host", "time")
+        add("lost host → new attempt's first step ≤ host_lost + grace + 5 s", h, t,
+            None if t is None else t <= 5 + 2 + 5, "" if t is None else f"{t:.2f} s")
     for h in sorted(summary.get("training", {}), key=int):
         # paired: each repetition's clusterrun run against the by-hand run next to it (cancels the
         # machine's drift, which on this shared machine moves samples/s by 2x between minutes)

@@ -32,9 +32,9 @@ from bench.cluster import NAME, REPO, SUBNET, BenchCluster  # noqa: E402
 from bench.context import Context, repo_commit  # noqa: E402
 from bench.measure import Recorder  # noqa: E402
 from bench.sections import exec as exec_section  # noqa: E402
-from bench.sections import launch, logs, profile, push, teardown, training  # noqa: E402
+from bench.sections import launch, logs, profile, push, restarts, teardown, training  # noqa: E402
 
-SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec")
+SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts")
 TRAINING_HOSTS = 4  # more ranks than this machine's cores would measure its scheduler, not the launcher
 
 
@@ -142,6 +142,10 @@ def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: in
         profiles += profile.run_section(ctx, out, a.push_mb, a.push_files, a.log_lines)
     elif name == "exec":
         exec_section.run_section(ctx, reps)
+    elif name == "restarts":
+        if hosts != TRAINING_HOSTS:
+            return False
+        restarts.run_section(ctx, reps)
     return True
 
 

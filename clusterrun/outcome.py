@@ -76,6 +76,19 @@ class RunOutcome:
     cleanup_pending: Tuple[str, ...] = ()
     seconds: float = 0.0
     phases: Tuple[Tuple[str, float], ...] = field(default=())
+    attempts: Tuple["AttemptSummary", ...] = ()  # job.restarts: every attempt, the last one included
+
+
+@dataclass(frozen=True)
+class AttemptSummary:
+    """One attempt of a run that restarts: where it ran, how it ended, its first failure."""
+
+    attempt: int
+    hosts: Tuple[str, ...]
+    world_size: int
+    state: RunState
+    reason: str
+    dropped: Tuple[str, ...] = ()  # hosts of the attempt before that it went on without, with why
 
 
 def exit_state(info: Mapping) -> RankState:

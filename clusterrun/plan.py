@@ -15,7 +15,7 @@ import hashlib
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from .errors import UsageError
 from .config import placeholders
@@ -25,10 +25,10 @@ from .config.inventory import Host, Inventory
 CONTRACT_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                 "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "CLUSTERRUN_RUN_ID", "CLUSTERRUN_NODE_NAME", "CLUSTERRUN_DIST_URL", "CLUSTERRUN_DIST_BACKEND",
-                "CLUSTERRUN_TIMEOUT")
+                "CLUSTERRUN_TIMEOUT", "CLUSTERRUN_ATTEMPT", "TORCHELASTIC_RESTART_COUNT", "CLUSTERRUN_CHECKPOINT_DIR")
 # What torchrun sets for each worker itself (with the ranks its rendezvous gave): not ours to set there.
 PER_WORKER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                  "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+                  "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
 SOFT_DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}  # ranks flush per line unless the user says otherwise
 TORCHRUN = ("-m", "torch.distributed.run")
 AUTO_PORT = "auto"
@@ -47,13 +47,14 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class NodePlan:
-    node_rank: int
+    node_rank: int  # this host's place in this attempt's world (node order of the hosts taking part)
     host: Host
     run_dir: str  # on the host; may start with ~ (expanded there)
     ranks: Tuple[RankSpec, ...]  # under torchrun: the ranks expected here; its rendezvous decides
     torchrun: Tuple[str, ...] = ()  # launcher torchrun: `python -m torch.distributed.run` and its options
     entry: Tuple[str, ...] = ()  # launcher torchrun: what each worker runs (script or -m module, args)
     env: Mapping[str, str] = field(default_factory=dict)  # launcher torchrun: the env torchrun gets
+    index: int = -1  # the host's place in the inventory (its node rank in attempt 0)
 
     @property
     def job_dir(self) -> str:
@@ -73,57 +74,75 @@ class LaunchPlan:
     nodes: Tuple[NodePlan, ...]
     secret_names: Tuple[str, ...]
     launcher: str = "python"
+    attempt: int = 0  # job.restarts: the attempt this plan is for (0-based)
 
     @property
     def ranks(self) -> Tuple[RankSpec, ...]:
         return tuple(r for n in self.nodes for r in n.ranks)
+
+    @property
+    def host_key(self) -> str:
+        """How the host program names this attempt's folder: the run's own, or attempt-K inside it (every
+        attempt runs in the same job folder)."""
+        return attempt_key(self.run_id, self.attempt)
+
+
+def attempt_key(run_id: str, attempt: int) -> str:
+    return run_id if attempt == 0 else f"{run_id}/attempt-{attempt}"
 
 
 def run_dir_for(host: Host, run_id: str) -> str:
     return f"{host.workdir.rstrip('/')}/runs/{run_id}"
 
 
-def init_url(inv: Inventory, run_id: str, addr: str, port: str) -> str:
+def init_url(inv: Inventory, run_id: str, addr: str, port: str, attempt: int = 0) -> str:
     method = inv.job.init_method
     if method == "env":
         return "env://"
     if method == "tcp":
         host = f"[{addr}]" if ":" in addr else addr
         return f"tcp://{host}:{port}"
-    return f"file://{inv.job.shared_dir.rstrip('/')}/clusterrun-{run_id}.init"
+    suffix = f"-a{attempt}" if attempt else ""  # a file store is never reused: an old one holds old keys
+    return f"file://{inv.job.shared_dir.rstrip('/')}/clusterrun-{run_id}{suffix}.init"
 
 
-def build_plan(inv: Inventory, run_id: str, *, master_port: Optional[int] = None) -> LaunchPlan:
-    """Place ranks on hosts in list order (global rank = node order x slots) and fill in argv and env."""
+def build_plan(inv: Inventory, run_id: str, *, master_port: Optional[int] = None, attempt: int = 0,
+               hosts: Optional[Sequence[int]] = None) -> LaunchPlan:
+    """Place ranks on hosts in node order (global rank = node order x slots) and fill in argv and env.
+
+    hosts: the inventory indices taking part (a restart's survivors); every host when None."""
     if inv.job.entry is None:
         raise UsageError(f"{inv.path}: no job script; give one with --script PATH or job.script (or job.module)")
     for host in inv.hosts:
         taken = sorted(set(host.env) & set(CONTRACT_ENV))
         if taken:
             raise UsageError(f"{host.source}: env sets {', '.join(taken)}, which clusterrun sets for every rank")
+    indices = list(range(len(inv.hosts))) if hosts is None else list(hosts)
+    members = [inv.hosts[i] for i in indices]
     port = master_port if master_port is not None else inv.master_port
     port_text = str(port) if port is not None else AUTO_PORT
-    world = sum(h.slots for h in inv.hosts)
-    master_addr = inv.hosts[0].master_addr
-    url = init_url(inv, run_id, master_addr, port_text)
-    common = {"world_size": world, "nnodes": len(inv.hosts), "master_addr": master_addr, "master_port": port_text,
-              "dist_url": url, "run_id": run_id, "attempt": 0}
+    world = sum(h.slots for h in members)
+    master_addr = members[0].master_addr
+    url = init_url(inv, run_id, master_addr, port_text, attempt)
+    common = {"world_size": world, "nnodes": len(members), "master_addr": master_addr, "master_port": port_text,
+              "dist_url": url, "run_id": run_id, "attempt": attempt}
     nodes = []
     rank = 0
-    for node_rank, host in enumerate(inv.hosts):
+    for node_rank, (index, host) in enumerate(zip(indices, members)):
         values = {**common, "node_rank": node_rank, "nproc_per_node": host.slots}
         ranks = []
         for local_rank in range(host.slots):
             ranks.append(_rank(inv, host, dict(values, rank=rank, local_rank=local_rank), port_text))
             rank += 1
-        node = NodePlan(node_rank=node_rank, host=host, run_dir=run_dir_for(host, run_id), ranks=tuple(ranks))
+        node = NodePlan(node_rank=node_rank, host=host, run_dir=run_dir_for(host, run_id), ranks=tuple(ranks),
+                        index=index)
         if inv.job.launcher == "torchrun":
             node = _torchrun_node(inv, node, values, port_text)
         nodes.append(node)
     return LaunchPlan(run_id=run_id, world_size=world, master_addr=master_addr, master_port=port,
                       init_url=url, backend=inv.job.backend, timeout_s=inv.job.timeout_s,
                       time_limit_s=inv.job.time_limit_s, nodes=tuple(nodes), secret_names=inv.secrets,
-                      launcher=inv.job.launcher)
+                      launcher=inv.job.launcher, attempt=attempt)
 
 
 def _contract_env(inv: Inventory, host: Host, values: Mapping[str, object], port_text: str) -> Dict[str, str]:
@@ -131,12 +150,14 @@ def _contract_env(inv: Inventory, host: Host, values: Mapping[str, object], port
     return {
         "RANK": str(values["rank"]), "WORLD_SIZE": str(values["world_size"]),
         "LOCAL_RANK": str(values["local_rank"]), "LOCAL_WORLD_SIZE": str(host.slots),
-        "GROUP_RANK": str(values["node_rank"]), "GROUP_WORLD_SIZE": str(len(inv.hosts)),
+        "GROUP_RANK": str(values["node_rank"]), "GROUP_WORLD_SIZE": str(values["nnodes"]),
         "ROLE_RANK": str(values["rank"]), "ROLE_WORLD_SIZE": str(values["world_size"]),
         "NODE_RANK": str(values["node_rank"]), "MASTER_ADDR": str(values["master_addr"]), "MASTER_PORT": port_text,
         "CLUSTERRUN_RUN_ID": str(values["run_id"]), "CLUSTERRUN_NODE_NAME": host.name,
         "CLUSTERRUN_DIST_URL": str(values["dist_url"]), "CLUSTERRUN_DIST_BACKEND": inv.job.backend,
-        "CLUSTERRUN_TIMEOUT": str(int(inv.job.timeout_s)),
+        "CLUSTERRUN_TIMEOUT": str(int(inv.job.timeout_s)), "CLUSTERRUN_ATTEMPT": str(values["attempt"]),
+        "TORCHELASTIC_RESTART_COUNT": str(values["attempt"]),
+        "CLUSTERRUN_CHECKPOINT_DIR": inv.job.checkpoint_dir or f"{run_dir_for(host, str(values['run_id']))}/checkpoints",
     }
 
 
@@ -156,7 +177,10 @@ def _torchrun_node(inv: Inventory, node: NodePlan, values: Mapping[str, object],
     host, job = node.host, inv.job
     addr = str(values["master_addr"])
     endpoint = f"[{addr}]:{port_text}" if ":" in addr else f"{addr}:{port_text}"
-    torchrun = (host.python, *TORCHRUN, "--nnodes", str(len(inv.hosts)), "--node-rank", str(node.node_rank),
+    n = int(values["nnodes"])
+    # torchrun restarts workers (job.restarts); hosts that are lost leave its rendezvous while job.min_nodes remain
+    nnodes = f"{job.min_nodes}:{n}" if job.min_nodes and job.min_nodes < n else str(n)
+    torchrun = (host.python, *TORCHRUN, "--nnodes", nnodes, "--node-rank", str(node.node_rank),
                 "--nproc-per-node", str(host.slots), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                 "--rdzv-id", str(values["run_id"]), "--max-restarts", str(job.restarts),
                 "--local-addr", host.master_addr)
@@ -167,7 +191,7 @@ def _torchrun_node(inv: Inventory, node: NodePlan, values: Mapping[str, object],
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update({k: placeholders.render(v, values) for k, v in host.env.items()})
     return NodePlan(node_rank=node.node_rank, host=host, run_dir=node.run_dir, ranks=node.ranks, torchrun=torchrun,
-                    entry=entry, env=env)
+                    entry=entry, env=env, index=node.index)
 
 
 def setup_request(inv: Inventory, plan: LaunchPlan, node: NodePlan, files: Mapping[str, object],
@@ -219,8 +243,8 @@ def plan_to_dict(plan: LaunchPlan) -> dict:
         "run_id": plan.run_id, "world_size": plan.world_size, "master_addr": plan.master_addr,
         "master_port": plan.master_port, "init_url": plan.init_url, "backend": plan.backend,
         "timeout_s": plan.timeout_s, "time_limit_s": plan.time_limit_s, "secret_names": list(plan.secret_names),
-        "launcher": plan.launcher,
-        "nodes": [{"node_rank": n.node_rank, "name": n.host.name, "host": n.host.host,
+        "launcher": plan.launcher, "attempt": plan.attempt,
+        "nodes": [{"node_rank": n.node_rank, "index": n.index, "name": n.host.name, "host": n.host.host,
                    "connection": n.host.connection, "run_dir": n.run_dir,
                    **({"command": list(node_command(n)), "env": dict(n.env)} if n.torchrun else {}),
                    "ranks": [{"rank": r.rank, "local_rank": r.local_rank, "argv": list(r.argv),

@@ -56,6 +56,7 @@ class JobConfig:
     synthetic: bool
     out: Path
     log_every: int
+    checkpoint_dir: Path | None = None  # every epoch saved here, the newest resumed from; None: neither
 
 
 def error_line(rank: int | None, message: str) -> str:
@@ -112,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="metrics, checkpoint and per-rank digests go here (default: out)")
     t.add_argument("--log-every", type=int, default=20,
                    help="progress line every N steps (default: %(default)s)")
+    t.add_argument("--checkpoint-dir", type=Path,
+                   help="save every epoch here and resume from the newest one found "
+                        "(default: $CLUSTERRUN_CHECKPOINT_DIR; none: no checkpoints)")
     return p
 
 
@@ -195,7 +199,9 @@ def parse_config(argv: list[str] | None, environ: Mapping[str, str]) -> JobConfi
         sync=args.sync, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         momentum=args.momentum, seed=args.seed, data_dir=args.data_dir,
         data_size=args.data_size, synthetic=args.synthetic, out=args.out,
-        log_every=args.log_every)
+        log_every=args.log_every,
+        checkpoint_dir=args.checkpoint_dir or (Path(environ["CLUSTERRUN_CHECKPOINT_DIR"])
+                                               if environ.get("CLUSTERRUN_CHECKPOINT_DIR") else None))
 
 
 def rendezvous_failure(cfg: JobConfig, phase: str, error: BaseException | None) -> str:

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
+import checkpoints
 import make_data
 from convnet import ConvNet
 from distsetup import (
@@ -191,8 +192,11 @@ def train(cfg: JobConfig, splits: Splits, train_set: Dataset, device: torch.devi
     test_loader = DataLoader(test_shard, batch_size=_EVAL_BATCH)
 
     history: list[EpochStats] = []
+    first = _resume(cfg, model, optimizer, history, device) + 1
+    writer = cfg.local_rank == 0 if cfg.local_rank is not None else cfg.rank == 0  # one a host
     seen = 0  # training samples this rank processed
-    for epoch in range(1, cfg.epochs + 1):
+    own_test = None
+    for epoch in range(first, cfg.epochs + 1):
         sampler.set_epoch(epoch)
         start = time.perf_counter()
         totals = _train_epoch(cfg, net, model, loader, optimizer, device, epoch)
@@ -214,7 +218,14 @@ def train(cfg: JobConfig, splits: Splits, train_set: Dataset, device: torch.devi
             log(cfg, f"epoch {epoch}/{cfg.epochs}: train loss {stats.train_loss:.4f} "
                      f"acc {stats.train_acc:.3f}, held-out acc {stats.test_acc:.4f}, "
                      f"{wall:.1f}s, {stats.samples / wall:.0f} samples/s")
+        if cfg.checkpoint_dir is not None and writer:
+            checkpoints.save(cfg.checkpoint_dir, epoch, {
+                "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                "optimizer": optimizer.state_dict(), "epoch": epoch, "world_size": cfg.world_size,
+                "seed": cfg.seed, "history": [asdict(e) for e in history]})
 
+    if own_test is None:  # resumed after the last epoch: nothing trained, evaluate what was loaded
+        own_test = _evaluate(model, test_loader, device).tolist()
     digest = state_digest(model)
     emit(f"params sha256={digest}")
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -225,6 +236,24 @@ def train(cfg: JobConfig, splits: Splits, train_set: Dataset, device: torch.devi
     if cfg.rank == 0:
         _write_outputs(cfg, splits, train_set, model, optimizer, history, digest, threads)
     dist.barrier()
+
+
+def _resume(cfg: JobConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
+            history: list[EpochStats], device: torch.device) -> int:
+    """Load the newest epoch checkpoint any rank has (every rank the same one); the epoch it ended."""
+    if cfg.checkpoint_dir is None:
+        return 0
+    epoch, saved = checkpoints.agree(cfg.checkpoint_dir, cfg.rank, cfg.world_size, device)
+    if saved is None:
+        return 0
+    model.load_state_dict({k: v.to(device) for k, v in saved["model"].items()})
+    optimizer.load_state_dict(saved["optimizer"])
+    history.extend(EpochStats(**e) for e in saved["history"])
+    if cfg.rank == 0:
+        was = saved.get("world_size")
+        change = f"; world size {was} then, {cfg.world_size} now" if was != cfg.world_size else ""
+        log(cfg, f"resuming from the epoch {epoch} checkpoint in {cfg.checkpoint_dir}{change}")
+    return epoch
 
 
 def _write_outputs(cfg: JobConfig, splits: Splits, train_set: Dataset, model: nn.Module,

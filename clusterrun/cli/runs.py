@@ -52,7 +52,10 @@ def ps(as_json: bool, last: int, no_reconcile: bool) -> int:
 @click.option("-f", "--follow", is_flag=True, help="Keep following until every rank has ended.")
 @click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")
 @click.option("--tail", type=int, default=None, help="Only the last N lines of each rank first.")
-def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[int]) -> int:
+@click.option("--attempt", "attempt_no", type=int, default=None,
+              help="A run that restarted (job.restarts): the logs of attempt N (1 = the first; default: the last).")
+def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[int],
+         attempt_no: Optional[int]) -> int:
     """Show (or follow) the logs of RUN (an id, a unique prefix, or `latest`), fetched from its hosts."""
     from rich.text import Text
 
@@ -66,13 +69,22 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
     # mask the run's secrets where this shell has their values
     names = record.plan.get("secret_names", [])
     printer = LogPrinter(secrets=[os.environ[n] for n in names if n in os.environ])
-    host_of = {r.rank: r.host for r in record.ranks}
+    attempt = record.attempt if attempt_no is None else attempt_no - 1
+    if not 0 <= attempt <= record.attempt:
+        raise UsageError(f"run {run_id} has attempt{'s 1-' if record.attempt else ' '}{record.attempt + 1} only "
+                         f"(--attempt {attempt_no})")
+    past = [a for a in record.attempts if a.attempt == attempt]
+    host_of = {r.rank: r.host for r in (past[0].ranks if past else record.ranks)}
+    follow = follow and not past  # an attempt before the last one has ended
     wanted = set(ranks) if ranks else set(host_of)
     unknown = wanted - set(host_of)
     if unknown:
         raise UsageError(f"run {run_id} has no rank {', '.join(map(str, sorted(unknown)))} "
                          f"(it has ranks 0-{len(host_of) - 1})")
     err = console(stderr=True)
+    if record.attempt:
+        err.print(Text(f"attempt {attempt + 1} of {record.attempt + 1}"
+                       + ("" if attempt_no else " (--attempt N for another)"), style="dim"))
 
     def show(path: str, host: str, rank: Optional[int], stream: str = "") -> None:
         if not os.path.exists(path):
@@ -91,17 +103,18 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
     def show_copies() -> None:
         if not ranks:  # each host's other output first: its setup, torchrun's own messages
             for h in record.hosts:
-                for stream in ("setup", "torchrun"):
-                    show(registry.aux_log_path(run_id, h.name, stream), h.name, None, stream)
+                if attempt == 0:
+                    show(registry.aux_log_path(run_id, h.name, "setup"), h.name, None, "setup")
+                show(registry.aux_log_path(run_id, h.name, "torchrun", attempt), h.name, None, "torchrun")
         for rank in sorted(wanted):
-            show(registry.log_path(run_id, rank), host_of[rank], rank)
+            show(registry.log_path(run_id, rank, attempt), host_of[rank], rank)
 
     stop_flag: List[bool] = []
     with forward_signals(lambda: stop_flag.append(True)):
         fetch_logs(registry, run_id, connect_for(record), follow=follow, stop_flag=stop_flag,
                    on_lines=lambda ev: ev.rank in wanted and printer.write(ev.host, ev.rank, ev.data),
                    on_problem=lambda text: err.print(Text(text, style="yellow")),
-                   before_follow=show_copies)
+                   before_follow=show_copies, attempt=attempt)
     if not follow:
         show_copies()
     return EXIT_INTERRUPTED if stop_flag else EXIT_OK

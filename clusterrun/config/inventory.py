@@ -2,7 +2,8 @@
 
 Every problem names file:line:col and the key path (`hosts[1].port`). `parse_inventory` is pure (text
 in, records out; a hostfile named by `hosts:` comes through the `read_text` it is given);
-`load_inventory` adds reading the files, and `check_job_files` looks at the job's files on disk.
+`load_inventory` adds reading the files. The job: section is config/job.py (with `check_job_files`, which
+looks at the job's files on disk).
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ import yaml
 from ..errors import InventoryError, Problem, UsageError
 from . import placeholders
 from .hostfile import HOSTNAME_RE, looks_like_hostfile, parse_hostfile
+from .job import DEFAULT_EXCLUDES, JOB_KEYS, MODULE_RE, Job, check_files, entry_paths, read_job
+
+__all__ = ["DEFAULT_EXCLUDES", "JOB_KEYS", "Host", "Inventory", "Job", "Timeouts", "check_job_files", "entry_paths",
+           "inventory_from_snapshot", "load_inventory", "parse_inventory", "with_overrides"]
 from .yaml_nodes import STR as STR_TAG
 from .yaml_nodes import NodeReader, compose
 
 HOST_KEYS = ("user", "port", "identity_file", "known_hosts", "host_key_policy", "python", "workdir",
              "connection", "env", "proxy_jump", "slots")
 HOST_ONLY_KEYS = ("name", "host", "addr")
-JOB_KEYS = ("root", "script", "module", "args", "rank_flags", "launcher", "setup", "restarts", "sync", "exclude",
-            "init_method", "backend", "timeout", "time_limit", "shared_dir")
 TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace", "setup")
-LAUNCHERS = ("python", "torchrun")
-MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts")
 
 # What may reach an SSH command line or a file name is held to plain characters; everything else (env
@@ -38,9 +39,6 @@ USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JUMP_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9_\[][A-Za-z0-9._:%\[\]-]*(?::\d+)?"
                      r"(?:,(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9_\[][A-Za-z0-9._:%\[\]-]*(?::\d+)?)*$")
-
-DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".mypy_cache/", ".pytest_cache/")
-
 
 @dataclass(frozen=True)
 class Host:
@@ -68,36 +66,6 @@ class Host:
 
 
 @dataclass(frozen=True)
-class Job:
-    root: str  # absolute folder that job paths are relative to and that is mirrored on the hosts
-    script: Optional[str]  # relative POSIX path under root; None for a module job, or a bare hostfile
-    args: Tuple[str, ...]  # may hold placeholders ({rank}, {dist_url}, ...: config/placeholders.py)
-    sync: Tuple[str, ...]
-    exclude: Tuple[str, ...]
-    init_method: str  # "env" | "tcp" | "file"
-    backend: str  # "gloo" | "nccl"
-    timeout_s: float
-    time_limit_s: Optional[float]
-    shared_dir: Optional[str]
-    module: Optional[str] = None  # `python -m MODULE` (run in the pushed root) instead of a script
-    rank_flags: bool = True  # `--rank i --world-size n` before the args (the tutorials' way)
-    launcher: str = "python"  # python: one process per rank | torchrun: torch.distributed.run per host
-    setup: Tuple[str, ...] = ()  # shell commands run on each host in the job folder before any rank starts
-    restarts: int = 0
-
-    @property
-    def entry(self) -> Optional[Tuple[str, ...]]:
-        """What follows the interpreter: (script,) or ("-m", module); None when neither is set yet."""
-        if self.module:
-            return ("-m", self.module)
-        return (self.script,) if self.script else None
-
-    @property
-    def entry_text(self) -> str:
-        return f"-m {self.module}" if self.module else (self.script or "")
-
-
-@dataclass(frozen=True)
 class Timeouts:
     connect: float = 10.0  # TCP connect, SSH banner, key exchange and auth, each
     command: float = 60.0  # any one remote command
@@ -114,94 +82,7 @@ class Inventory:
     job: Job
     secrets: Tuple[str, ...]
     timeouts: Timeouts = field(default_factory=Timeouts)
-
-
-def _rel_job_path(r: NodeReader, node: yaml.Node, key: str, value: str, root: str) -> Optional[str]:
-    """A path under root, as a normalised relative POSIX path; None (with a problem) if it escapes."""
-    full = os.path.normpath(os.path.join(root, value))
-    if full != root and not full.startswith(root.rstrip(os.sep) + os.sep):
-        r.error(node, key, f"{value!r} is outside the job root {root} (set job.root to a folder that holds it)")
-        return None
-    rel = os.path.relpath(full, root).replace(os.sep, "/")
-    return "." if rel == "." else rel
-
-
-def _read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
-    entries = r.mapping(node, "job", JOB_KEYS) if node is not None else {}
-
-    def get(name):
-        return entries[name][1] if name in entries else None
-
-    root = base_dir
-    if get("root") is not None:
-        value = r.string(get("root"), "job.root")
-        if value is not None:
-            root = os.path.normpath(os.path.join(base_dir, os.path.expanduser(value)))
-    script = None
-    if get("script") is not None:
-        value = r.string(get("script"), "job.script")
-        if value is not None:
-            script = _rel_job_path(r, get("script"), "job.script", value, root)
-    module = _read_module(r, get("module"), has_script=get("script") is not None)
-    launcher = r.choice(get("launcher"), "job.launcher", LAUNCHERS) if get("launcher") is not None else "python"
-    launcher = launcher or "python"
-    rank_flags = r.boolean(get("rank_flags"), "job.rank_flags") if get("rank_flags") is not None else None
-    if rank_flags and launcher == "torchrun":
-        r.error(get("rank_flags"), "job.rank_flags", "launcher: torchrun gives every worker its rank in RANK; "
-                                                      "it cannot add --rank to each worker's arguments")
-    args = tuple(r.string_list(get("args"), "job.args", numbers_ok=True,
-                               check=lambda v: placeholders.check(v, per_worker_ok=launcher != "torchrun"))) \
-        if get("args") is not None else ()
-    init_method = r.choice(get("init_method"), "job.init_method", ("env", "tcp", "file")) \
-        if get("init_method") is not None else "env"
-    if launcher == "torchrun" and init_method not in (None, "env"):
-        r.error(get("init_method"), "job.init_method", "launcher: torchrun makes the rendezvous itself and hands "
-                                                        "each worker env://; leave init_method at env")
-    backend = r.choice(get("backend"), "job.backend", ("gloo", "nccl")) if get("backend") is not None else "gloo"
-    timeout = r.duration(get("timeout"), "job.timeout") if get("timeout") is not None else 1800.0
-    time_limit = r.duration(get("time_limit"), "job.time_limit") if get("time_limit") is not None else None
-    shared_dir = _read_shared_dir(r, get("shared_dir"))
-    if init_method == "file" and shared_dir is None and not any(p.key == "job.shared_dir" for p in r.problems):
-        r.error(get("init_method"), "job.init_method",
-                "init_method: file needs job.shared_dir, a folder every host sees at the same path")
-    setup = tuple(r.string_list(get("setup"), "job.setup", nonempty=True)) if get("setup") is not None else ()
-    restarts = r.integer(get("restarts"), "job.restarts", 0, 1000) if get("restarts") is not None else 0
-    exclude = tuple(r.string_list(get("exclude"), "job.exclude")) if get("exclude") is not None else ()
-    return Job(root=root, script=script, args=args, sync=tuple(_read_sync(r, get("sync"), root)),
-               exclude=DEFAULT_EXCLUDES + exclude, init_method=init_method or "env", backend=backend or "gloo",
-               timeout_s=timeout or 1800.0, time_limit_s=time_limit, shared_dir=shared_dir, module=module,
-               rank_flags=launcher == "python" if rank_flags is None else rank_flags, launcher=launcher,
-               setup=setup, restarts=restarts or 0)
-
-
-def _read_module(r: NodeReader, node: Optional[yaml.Node], has_script: bool) -> Optional[str]:
-    if node is None:
-        return None
-    value = r.string(node, "job.module", pattern=MODULE_RE, what="Python module name (pkg.train)")
-    if value is not None and has_script:
-        r.error(node, "job.module", "give job.script or job.module, not both")
-        return None
-    return value
-
-
-def _read_sync(r: NodeReader, node: Optional[yaml.Node], root: str) -> List[str]:
-    sync: List[str] = []
-    if node is not None:
-        for i, value in enumerate(r.string_list(node, "job.sync")):
-            rel = _rel_job_path(r, node.value[i], f"job.sync[{i}]", value, root)
-            if rel is not None:
-                sync.append(rel + ("/" if value.endswith("/") and rel != "." else ""))
-    return sync
-
-
-def _read_shared_dir(r: NodeReader, node: Optional[yaml.Node]) -> Optional[str]:
-    if node is None:
-        return None
-    shared_dir = r.string(node, "job.shared_dir")
-    if shared_dir is not None and not shared_dir.startswith("/"):
-        r.error(node, "job.shared_dir", "must be an absolute path that every host shares")
-        return None
-    return shared_dir
+    master_port_fixed: bool = False  # the inventory names the port (kept on restarts; else one afresh)
 
 
 def _read_host_settings(r: NodeReader, entries: Dict[str, Tuple[yaml.Node, yaml.Node]], key: str) -> dict:
@@ -267,7 +148,7 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
         vnode = top["version"][1]
         if r.integer(vnode, "version", 1, 1_000_000) not in (None, 1):
             r.error(vnode, "version", f"this clusterrun reads inventory version 1, not {vnode.value}")
-    job = _read_job(r, top["job"][1] if "job" in top else None, base_dir)
+    job = read_job(r, top["job"][1] if "job" in top else None, base_dir)
     r.context = job.launcher  # env: values may not use per-worker placeholders under torchrun
     defaults: dict = {}
     if "defaults" in top:
@@ -277,10 +158,15 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
     secrets = tuple(r.string_list(top["secrets"][1], "secrets", pattern=ENV_NAME_RE,
                                   what="environment variable name")) if "secrets" in top else ()
     timeouts = _read_timeouts(r, top["timeouts"][1]) if "timeouts" in top else Timeouts()
+    if job.min_nodes is not None and hosts and job.min_nodes > len(hosts):
+        node = next(v for k, v in top["job"][1].value if k.value == "min_nodes")
+        r.error(node, "job.min_nodes", f"is {job.min_nodes}, but the inventory has {len(hosts)} hosts")
     if r.problems:
         raise InventoryError(sorted(r.problems, key=lambda p: (p.line, p.column)))
+    fixed = master_port is not None and "master" in top and \
+        any(k.value == "port" for k, _ in getattr(top["master"][1], "value", ()) if hasattr(k, "value"))
     return _checked(Inventory(path=file, hosts=tuple(hosts), master_port=master_port, job=job,
-                              secrets=secrets, timeouts=timeouts), file)
+                              secrets=secrets, timeouts=timeouts, master_port_fixed=fixed), file)
 
 
 def _read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, local_python: str,
@@ -333,7 +219,7 @@ def _read_timeouts(r: NodeReader, node: yaml.Node) -> Timeouts:
 
 
 def _checked(inv: Inventory, file: str) -> Inventory:
-    """Checks across entries: unique labels, no host listed twice, secrets not also in env."""
+    """Checks across entries: unique labels, no host listed twice, secrets not also in env, min_nodes."""
     problems: List[Problem] = []
 
     def at(index: int, message: str) -> None:
@@ -405,47 +291,9 @@ def with_overrides(inv: Inventory, *, script: Optional[str] = None, args: Option
     return replace(inv, job=job)
 
 
-def entry_paths(job: Job) -> List[str]:
-    """What the job's entry point needs pushed, relative to the root: the script, or the module's top-level
-    package folder (or single file)."""
-    if job.module:
-        top = job.module.split(".")[0]
-        return [top if os.path.isdir(os.path.join(job.root, top)) else f"{top}.py"]
-    return [job.script] if job.script else []
-
-
-def _module_problem(job: Job) -> Optional[str]:
-    parts = job.module.split(".")
-    base = os.path.join(job.root, *parts)
-    if os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__main__.py")):
-        return None
-    return (f"job.module {job.module}: neither {base}.py nor {base}/__main__.py exists under the job root "
-            f"{job.root} (python -m runs in the pushed copy of the root)")
-
-
 def check_job_files(inv: Inventory) -> None:
-    """The entry point and every sync path exist under the root, and no symlink leads out of it."""
-    job = inv.job
-    problems = []
-    if job.entry is None:
-        raise UsageError(f"{inv.path}: no job script; give one with --script PATH or job.script (or job.module)")
-    root = os.path.realpath(job.root)
-    if job.module and _module_problem(job):
-        problems.append(_module_problem(job))
-    named = [("job.script", job.script)] if job.script else [("job.module", p) for p in entry_paths(job)]
-    for key, rel in named + [(f"job.sync[{i}]", s) for i, s in enumerate(job.sync)]:
-        full = os.path.join(job.root, rel)
-        if not os.path.lexists(full):
-            if key != "job.module":  # the module's own problem says it better
-                problems.append(f"{key}: {full} does not exist")
-            continue
-        real = os.path.realpath(full)
-        if real != root and not real.startswith(root + os.sep):
-            problems.append(f"{key}: {full} resolves to {real}, outside the job root {root} (symlink out of it)")
-        elif key == "job.script" and not os.path.isfile(real):
-            problems.append(f"{key}: {full} is not a file")
-    if problems:
-        raise UsageError(f"{inv.path}: " + "\n  ".join(["job files are missing or unsafe:"] + problems))
+    """The job's entry point and sync paths exist under its root, and no symlink leads out of it."""
+    check_files(inv.job, inv.path)
 
 
 def inventory_from_snapshot(data: dict) -> Inventory:
@@ -456,4 +304,4 @@ def inventory_from_snapshot(data: dict) -> Inventory:
             job[key] = tuple(job[key])
     return Inventory(path=data["path"], hosts=tuple(Host(**h) for h in data["hosts"]),
                      master_port=data["master_port"], job=Job(**job), secrets=tuple(data["secrets"]),
-                     timeouts=Timeouts(**data["timeouts"]))
+                     timeouts=Timeouts(**data["timeouts"]), master_port_fixed=data.get("master_port_fixed", False))

@@ -128,12 +128,13 @@ class NodeReader:
         self.error(node, key, f"expected an integer, got {describe(node)}")
         return None
 
-    def duration(self, node: yaml.Node, key: str) -> Optional[float]:
+    def duration(self, node: yaml.Node, key: str, zero: bool = False) -> Optional[float]:
         if isinstance(node, yaml.ScalarNode) and node.tag in (STR, INT, FLOAT):
             seconds = parse_duration(node.value)
-            if seconds is not None and seconds > 0:
+            if seconds is not None and (seconds > 0 or zero and seconds == 0):
                 return seconds
-        self.error(node, key, "expected a positive duration such as 90s, 30m, 2h or 1h30m"
+        self.error(node, key, f"expected a {'' if zero else 'positive '}duration such as "
+                              f"{'0, ' if zero else ''}90s, 30m, 2h or 1h30m"
                               f", got {node.value if isinstance(node, yaml.ScalarNode) else describe(node)}")
         return None
 

@@ -46,13 +46,17 @@ class Monitor:
         self._followed: Set[int] = set()
         self._stop_reason: Optional[str] = None
         self._stop_started: Optional[float] = None
-        self._stops_running = 0
+        self._stopping: Dict[int, int] = {}  # node rank -> stop calls in flight
         self._forced = False
         self._interrupt: Optional[bool] = None  # None, or force?
         self._node_of = {r.rank: r.node_rank for r in plan.ranks}
         self._restarts_allowed = restarts_allowed
         self._inventory = inventory
         self._warned: Set[tuple] = set()
+
+    def _index(self, node_rank: int) -> int:
+        """The host's place in the inventory (the registry's key), from its place in this attempt."""
+        return self.plan.nodes[node_rank].index
 
     def interrupt(self, force: bool) -> None:
         """From the signal handler: only records the wish; the loop acts on it."""
@@ -64,11 +68,13 @@ class Monitor:
         t_run = time.monotonic()
         followers = {}
         run_id = self.plan.run_id
+        attempt = self.plan.attempt
         for node in self.plan.nodes:
-            files = LogFiles(rank=lambda r: self.store.log_path(run_id, r),
-                             aux=lambda name, host=node.host.name: self.store.aux_log_path(run_id, host, name))
+            files = LogFiles(rank=lambda r: self.store.log_path(run_id, r, attempt),
+                             aux=lambda name, host=node.host.name: self.store.aux_log_path(run_id, host, name,
+                                                                                          attempt))
             f = Follower(node_rank=node.node_rank, host=node.host.name, ranks=[r.rank for r in node.ranks],
-                         files=files, world_size=self.plan.world_size, run_id=run_id,
+                         files=files, world_size=self.plan.world_size, run_id=self.plan.host_key,
                          client=self._client_for(node.node_rank), out=self._q, host_lost_s=self._timeouts.host_lost,
                          aux=("torchrun",) if node.torchrun else ())
             followers[node.node_rank] = f
@@ -84,9 +90,9 @@ class Monitor:
             if limit is not None and self._stop_reason is None and time.monotonic() - self._t0 > limit:
                 self._begin_stop("time-limit", self._timeouts.grace)
                 self._emit(Notice(f"time limit of {limit:g} s reached: stopping every host", "warning"))
-            if self._followed | set(self._lost) >= nodes and self._stops_running == 0:
+            if self._followed | set(self._lost) >= nodes and not self._stops_awaited():
                 break
-            if self._stop_started is not None and self._stops_running == 0 and \
+            if self._stop_started is not None and not self._stops_awaited() and \
                     time.monotonic() - self._stop_started > self._timeouts.grace + self._timeouts.host_lost + 5:
                 for node_rank in nodes - self._followed - set(self._lost):
                     self._lost[node_rank] = "its ranks' exits never arrived after the stop"
@@ -136,7 +142,7 @@ class Monitor:
             self._emit(Notice(ev.describe(self._inventory), "warning"))
 
     def _on_restarts(self, ev: HostRestarts) -> None:
-        self.store.update_host(self.plan.run_id, ev.node_rank, restarts=ev.restarts)
+        self.store.update_host(self.plan.run_id, self._index(ev.node_rank), restarts=ev.restarts)
         self._emit(Notice(f"{ev.host}: torchrun restarted its workers (restart {ev.restarts} of "
                           f"{self._restarts_allowed})", "warning"))
 
@@ -151,7 +157,7 @@ class Monitor:
                 self._exits[rank] = {"lost": True, "ended_at": now, "error": f"host lost: {ev.reason}"}
                 self.store.update_rank(self.plan.run_id, rank, state=RankState.LOST, ended_at=now,
                                        note=f"host lost: {ev.reason}")
-        self.store.update_host(self.plan.run_id, ev.node_rank, state=HostState.LOST, cleanup=Cleanup.PENDING,
+        self.store.update_host(self.plan.run_id, self._index(ev.node_rank), state=HostState.LOST, cleanup=Cleanup.PENDING,
                                error=ev.reason)
         if self._stop_reason is None:
             self._begin_stop("failed", self._timeouts.grace)
@@ -159,14 +165,16 @@ class Monitor:
     def _on_done(self, ev: FollowDone) -> None:
         self._followed.add(ev.node_rank)
         if ev.node_rank not in self._lost:
-            self.store.update_host(self.plan.run_id, ev.node_rank, state=HostState.DONE)
+            self.store.update_host(self.plan.run_id, self._index(ev.node_rank), state=HostState.DONE)
 
     def _on_stop_done(self, ev: "_StopDone") -> None:
-        self._stops_running -= 1
+        self._stopping[ev.node_rank] -= 1
+        if not self._stopping[ev.node_rank]:
+            del self._stopping[ev.node_rank]
         if ev.error is None:
-            self.store.update_host(self.plan.run_id, ev.node_rank, cleanup=Cleanup.DONE)
+            self.store.update_host(self.plan.run_id, self._index(ev.node_rank), cleanup=Cleanup.DONE)
         else:
-            self.store.update_host(self.plan.run_id, ev.node_rank, cleanup=Cleanup.PENDING, error=ev.error)
+            self.store.update_host(self.plan.run_id, self._index(ev.node_rank), cleanup=Cleanup.PENDING, error=ev.error)
             self._emit(Notice(f"{self.plan.nodes[ev.node_rank].host.name}: could not stop: {ev.error}; "
                               f"`clusterrun stop {self.plan.run_id}` finishes it later", "error"))
 
@@ -210,21 +218,27 @@ class Monitor:
     def _start_stops(self, grace: float) -> None:
         """Stop every host in parallel, without blocking the loop that shows the last logs."""
         self._stop_started = self._stop_started or time.monotonic()
-        self._stops_running += len(self.plan.nodes)
+        for node in self.plan.nodes:
+            self._stopping[node.node_rank] = self._stopping.get(node.node_rank, 0) + 1
         fan_out_background(self.plan.nodes, lambda node: self._stop_node(node.node_rank, grace),
                            name=lambda node: node.host.name, thread_name="stop",
                            on_each=lambda node, result: self._q.put(_StopDone(
                                node.node_rank, result.message if isinstance(result, HostError) else None)))
 
+    def _stops_awaited(self) -> bool:
+        """Stops still to wait for: not those of lost hosts (they end by the connect timeout, in the
+        background; the host stays `cleanup pending` unless one gets through before the run ends)."""
+        return any(n not in self._lost for n in self._stopping)
+
     def _stop_node(self, node_rank: int, grace: float) -> None:
         # a lost host's old connection is dead: go straight to one fresh attempt (bounded by the connect timeout)
         if node_rank not in self._lost:
             try:
-                self._client(node_rank).stop(self.plan.run_id, grace, self._stop_reason or "stopped")
+                self._client(node_rank).stop(self.plan.host_key, grace, self._stop_reason or "stopped")
                 return
             except HostError:
                 pass
-        self._reconnect(node_rank).stop(self.plan.run_id, grace, self._stop_reason or "stopped")
+        self._reconnect(node_rank).stop(self.plan.host_key, grace, self._stop_reason or "stopped")
 
     # -------------------------------------------------------------- result
 
@@ -232,7 +246,7 @@ class Monitor:
         node_rank = self._node_of[rank]
         host = self.plan.nodes[node_rank].host.name
         info = self._exits.get(rank)
-        path = self.store.log_path(self.plan.run_id, rank)
+        path = self.store.log_path(self.plan.run_id, rank, self.plan.attempt)
         if info is None:
             why = self._lost.get(node_rank, "no exit status arrived")
             return RankResult(rank, node_rank, host, RankState.LOST, log_path=path, note=why)

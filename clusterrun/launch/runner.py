@@ -12,20 +12,23 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..config.inventory import Host, Inventory
 from ..errors import ClusterrunError, ConnectError, HostsFailed
-from ..events import HostDone, HostProgress, LogLines, Notice, Phase
+from ..events import HostDone, HostProgress, Notice, Phase
 from ..hosts.client import HeldPush, HostClient
 from ..hosts.group import GroupResult, fan_out
 from ..hosts.manifest import HashCache, Manifest, build_manifest
 from ..outcome import RunOutcome
-from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_env, setup_request
+from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, setup_request
 from ..registry.store import RunStore, controller_identity
 from ..states import Cleanup, HostState, RankState, RunState
+from . import restarts
 from .monitor import Monitor
 from .preflight import preflight, preflight_error
+from .setup import run_setup
+from .spec import host_spec
 
 Connect = Callable[[Host], HostClient]
 
@@ -65,6 +68,7 @@ class Runner:
         self._peer_token = token_hex(16)  # the hosts' supervisors authenticate each other with it
         self._coordinator_port: Optional[int] = None
         self._started: List[int] = []
+        self._plan: Optional[LaunchPlan] = None  # the attempt being launched or followed
 
     # -------------------------------------------------------------- signals
 
@@ -83,14 +87,16 @@ class Runner:
     def run(self) -> RunOutcome:
         plan = build_plan(self.inv, self.run_id)
         self.store.create(self.run_id, self.inv.path, inventory_snapshot(self.inv), plan_to_dict(plan),
-                          controller_identity(), [{"node_rank": n.node_rank, "name": n.host.name} for n in plan.nodes],
-                          [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks])
+                          controller_identity(), [{"node_rank": n.index, "name": n.host.name} for n in plan.nodes],
+                          [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks],
+                          restarts=self.inv.job.restarts)
+        self._plan = plan
         background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
         try:
             # what to push is worked out while the connections are being made
             manifest = background.submit(build_manifest, self.inv.job, self._hash_cache)
             self._prepare(plan, manifest)
-            plan = self._preflight(plan)
+            plan = self._plan = self._preflight(plan)
             if self.inv.job.setup:
                 self._phase("setup", lambda: self._setup_all(plan, manifest.result()))
             self._phase("start", lambda: self._start_all(plan))
@@ -99,20 +105,15 @@ class Runner:
                 return RunOutcome(self.run_id, RunState.RUNNING, 0, "detached", seconds=self._elapsed(),
                                   phases=tuple(self._phases))
             self.store.update_run(self.run_id, state=RunState.RUNNING)
-            self.monitor = Monitor(plan, self.store, client=self._client, reconnect=self._reconnect, emit=self._emit,
-                                   events=self._q, timeouts=self.inv.timeouts, t0=self._t0,
-                                   restarts_allowed=self.inv.job.restarts, inventory=self.inv.path)
-            if self._interrupts:
-                self.monitor.interrupt(force=self.force_requested)
-            outcome = self.monitor.run()
+            outcome = self._attempts(plan, self._follow(plan))
             return replace(outcome, phases=tuple(self._phases) + (("run", outcome.seconds),),
                            seconds=self._elapsed())
         except Interrupted:
-            self._undo(plan, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
+            self._undo(self._plan, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
             return self._finish(RunState.INTERRUPTED, RunState.INTERRUPTED.exit_code,
                                 "interrupted by the user (Ctrl-C)")
         except ClusterrunError as exc:  # hosts failed, or a bad job file found while connecting
-            self._undo(plan, grace=0.0)
+            self._undo(self._plan, grace=0.0)
             self._finish(RunState.FAILED, exc.exit_code, str(exc))
             raise
         finally:
@@ -123,6 +124,52 @@ class Runner:
                 clients = list(self._clients.values())
             for client in clients:
                 client.close()
+
+    def _follow(self, plan: LaunchPlan) -> RunOutcome:
+        """Watch one attempt to its end (launch/monitor.py), on a queue of its own: what the last attempt's
+        threads still post (a lost host's stop ending late) never reaches the next one."""
+        if plan.attempt:
+            self._q = queue.Queue(maxsize=64)
+        self.monitor = Monitor(plan, self.store, client=lambda node_rank: self._client(plan.nodes[node_rank].index),
+                               reconnect=lambda node_rank: self._reconnect(plan.nodes[node_rank].index),
+                               emit=self._emit, events=self._q, timeouts=self.inv.timeouts, t0=self._t0,
+                               restarts_allowed=self.inv.job.restarts, inventory=self.inv.path)
+        if self._interrupts:
+            self.monitor.interrupt(force=self.force_requested)
+        return self.monitor.run()
+
+    def _attempts(self, plan: LaunchPlan, outcome: RunOutcome) -> RunOutcome:
+        """job.restarts: while attempts remain after a failure, the next one (launch/restarts.py)."""
+        return restarts.run_attempts(
+            self.inv, plan, outcome, start=self._next, elapsed=self._elapsed, emit=self._emit,
+            interrupted=lambda: bool(self._interrupts),
+            archive=lambda dropped: self.store.archive_attempt(self.run_id, list(dropped)),
+            interrupt=lambda why: self._finish(RunState.INTERRUPTED, RunState.INTERRUPTED.exit_code, why))
+
+    def _next(self, nxt: restarts.NextAttempt) -> Tuple[LaunchPlan, RunOutcome]:
+        """Start attempt K over the hosts still there (rank 0's host first) and follow it; a host that
+        cannot be started makes this attempt a failure with that host lost."""
+        t = time.monotonic()
+        self._emit(Phase("start", f"attempt {nxt.attempt + 1}"))
+        plan = self._plan = restarts.attempt_plan(self.inv, self.run_id, nxt, lambda i: self._client(i).free_port())
+        self.store.begin_attempt(self.run_id, plan.attempt, plan_to_dict(plan),
+                                 [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks])
+        for node in plan.nodes:
+            self.store.update_host(self.run_id, node.index, state=HostState.PENDING, error=None)
+        self._emit(Notice(f"MASTER_ADDR={plan.master_addr} MASTER_PORT={plan.master_port} "
+                          f"(world size {plan.world_size})"))
+        with self._lock:
+            self._started = []
+        self._coordinator_port = None  # the new rank 0's host coordinates this attempt's supervisors
+        try:
+            self._start_all(plan)
+        except HostsFailed as exc:
+            self._emit(Notice(str(exc), "error"))
+            self._undo(plan, grace=0.0)
+            return plan, restarts.failed_start(plan, exc, self._finish(RunState.FAILED, exc.exit_code, str(exc)))
+        self._phases.append((f"restart {plan.attempt}", time.monotonic() - t))
+        self.store.update_run(self.run_id, state=RunState.RUNNING)
+        return plan, self._follow(plan)
 
     def _preflight(self, plan: LaunchPlan) -> LaunchPlan:
         """The cheap checks of `clusterrun check`, on what every host reported while receiving the job; then
@@ -139,7 +186,7 @@ class Runner:
         if plan.master_port is not None:
             return plan
         port = self._held[0].port
-        plan = build_plan(self.inv, self.run_id, master_port=port)
+        plan = self._plan = build_plan(self.inv, self.run_id, master_port=port)
         self.store.update_run(self.run_id, plan=plan_to_dict(plan))
         self._emit(Notice(f"MASTER_PORT={port} (free on {plan.nodes[0].host.name})"))
         return plan
@@ -150,25 +197,11 @@ class Runner:
         self._fan_out("setup", plan.nodes, lambda node: self._setup_node(plan, node, manifest), interruptible=True)
 
     def _setup_node(self, plan: LaunchPlan, node: NodePlan, manifest: Manifest) -> None:
-        host = node.host
-        copy = self.store.aux_log_path(plan.run_id, host.name, "setup")
-
-        def output(text: str) -> None:
-            data = text.encode()
-            with open(copy, "ab") as fh:
-                fh.write(data)
-            self._q.put(LogLines(host.name, node.node_rank, -1, data, stream="setup"))
-
         with self._lock:
             held = self._held[node.node_rank]
-        timeouts = self.inv.timeouts
-        done = held.setup(setup_request(self.inv, plan, node, manifest.wire(), self._secrets), output,
-                          silence_s=max(timeouts.host_lost, timeouts.command))
-        if done.skipped:
-            when = time.strftime("%m-%d %H:%M:%S", time.localtime(done.ran_at)) if done.ran_at else "before"
-            self._post(Notice(f"{host.name}: setup unchanged since {when} (run {done.run_id}): skipped"))
-        else:
-            self._post(HostDone("setup", host.name, done.seconds))
+        run_setup(held, setup_request(self.inv, plan, node, manifest.wire(), self._secrets), node.host.name,
+                  node.node_rank, copy=self.store.aux_log_path(plan.run_id, node.host.name, "setup"),
+                  timeouts=self.inv.timeouts, lines=self._q.put, post=self._post)
 
     def _finish(self, state: RunState, code: int, reason: str) -> RunOutcome:
         self.store.update_run(self.run_id, state=state, exit_code=code, reason=reason, ended_at=time.time())
@@ -233,8 +266,9 @@ class Runner:
         result = fan_out(nodes, fn, key=lambda n: n.node_rank, name=lambda n: n.host.name, poll=poll,
                          thread_name=phase)
         self._drain()
+        index_of = {n.node_rank: n.index for n in nodes}
         for node_rank, exc in result.errors.items():
-            self.store.update_host(self.run_id, node_rank, state=HostState.failed_in(phase), error=str(exc))
+            self.store.update_host(self.run_id, index_of[node_rank], state=HostState.failed_in(phase), error=str(exc))
         result.raise_for(phase)
         return result
 
@@ -255,15 +289,16 @@ class Runner:
 
     # -------------------------------------------------------------- per host
 
-    def _client(self, node_rank: int) -> HostClient:
+    def _client(self, index: int) -> HostClient:
+        """The connection to the host at this place in the inventory (its node rank may change: restarts)."""
         with self._lock:
-            return self._clients[node_rank]
+            return self._clients[index]
 
-    def _reconnect(self, node_rank: int) -> HostClient:
-        host = self.inv.hosts[node_rank]
+    def _reconnect(self, index: int) -> HostClient:
+        host = self.inv.hosts[index]
         client = self._connect(host)
         with self._lock:
-            old, self._clients[node_rank] = self._clients.get(node_rank), client
+            old, self._clients[index] = self._clients.get(index), client
         if old is not None:
             old.close()
         return client
@@ -275,7 +310,7 @@ class Runner:
             if self._closing:  # the run was abandoned while this host was connecting
                 client.close()
                 raise Interrupted("connect")
-            self._clients[node.node_rank] = client
+            self._clients[node.index] = client
         self._post(HostDone("connect", node.host.name, time.monotonic() - t))
         return client
 
@@ -288,15 +323,15 @@ class Runner:
             sent[0] += n
             self._post(HostProgress("push", node.host.name, sent[0], total))
 
-        self.store.update_host(self.run_id, node.node_rank, state=HostState.PUSHING)
+        self.store.update_host(self.run_id, node.index, state=HostState.PUSHING)
         rank0 = node.node_rank == 0
-        held = self._client(node.node_rank).push(
+        held = self._client(node.index).push(
             self.run_id, manifest, progress, want_port=rank0 and plan.master_port is None,
             check_port=plan.master_port if rank0 else None, master_addr=plan.master_addr)
         with self._lock:
             self._held[node.node_rank] = held
         result = held.result
-        self.store.update_host(self.run_id, node.node_rank, state=HostState.PUSHED, pushed_bytes=result.sent_bytes,
+        self.store.update_host(self.run_id, node.index, state=HostState.PUSHED, pushed_bytes=result.sent_bytes,
                                push_seconds=round(result.seconds, 4))
         self._post(HostDone("push", node.host.name, time.monotonic() - t,
                              f"{result.sent_bytes} of {total} bytes sent, {result.files} files"))
@@ -306,43 +341,24 @@ class Runner:
 
     def _spec(self, plan: LaunchPlan, node: NodePlan) -> dict:
         left = None if plan.time_limit_s is None else max(1.0, plan.time_limit_s - self._elapsed())
-        spec = {"run_id": plan.run_id, "node_rank": node.node_rank, "node": node.host.name,
-                "grace": self.inv.timeouts.grace, "fail_fast": True, "time_limit": left,
-                "secret_names": list(plan.secret_names), "peers": self._peers(plan, node),
-                "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": rank_env(plan, r, self._secrets)}
-                          for r in node.ranks]}
-        if node.torchrun:  # one torchrun for the host; the ranks are the ones expected here
-            values = {name: self._secrets[name] for name in plan.secret_names}
-            spec.update({"launcher": "torchrun", "command": list(node.torchrun), "entry": list(node.entry),
-                         "env": {**node.env, **values}, "ranks": [{"rank": r.rank} for r in node.ranks]})
-        return spec
+        return host_spec(self.inv, plan, node, self._secrets, time_left=left, peer_token=self._peer_token,
+                         coordinator_port=self._coordinator_port)
 
     def _start_node(self, plan: LaunchPlan, node: NodePlan) -> None:
         t = time.monotonic()
-        with self._lock:
-            held = self._held.pop(node.node_rank)
-        state = held.start(self._spec(plan, node))
+        if plan.attempt == 0:  # on the channel that pushed the job
+            with self._lock:
+                held = self._held.pop(node.node_rank)
+            state = held.start(self._spec(plan, node))
+        else:  # a restart: the job is there already, the attempt gets a folder of its own
+            state = self._client(node.index).start(plan.host_key, self._spec(plan, node))
         if node.node_rank == 0:  # the other hosts' supervisors join rank 0's (remote/host/peers.py)
             self._coordinator_port = (state.get("coordinator") or {}).get("port")
         with self._lock:
             self._started.append(node.node_rank)
         pid = state.get("supervisor", {}).get("pid")
-        self.store.update_host(self.run_id, node.node_rank, state=HostState.STARTED, supervisor_pid=pid)
+        self.store.update_host(self.run_id, node.index, state=HostState.STARTED, supervisor_pid=pid)
         self._post(HostDone("start", node.host.name, time.monotonic() - t))
-
-    def _peers(self, plan: LaunchPlan, node: NodePlan) -> dict:
-        """How this host's supervisor keeps the run's promises with the others when no controller watches:
-        rank 0's coordinates, the others join it (remote/host/peers.py)."""
-        if len(plan.nodes) < 2:
-            return {}
-        t = self.inv.timeouts
-        common = {"token": self._peer_token, "host_lost": t.host_lost, "join_timeout": t.command + t.host_lost}
-        if node.node_rank == 0:
-            return {**common, "coordinator": True, "expect": [n.node_rank for n in plan.nodes[1:]],
-                    "ipv6": ":" in plan.master_addr}
-        if self._coordinator_port is None:
-            return {}
-        return {**common, "addr": plan.master_addr, "port": self._coordinator_port}
 
     def _start_all(self, plan: LaunchPlan) -> None:
         """Rank 0's host first (it hosts the rendezvous), then every other host at once."""
@@ -370,8 +386,8 @@ class Runner:
             return
 
         def stop(node: NodePlan) -> None:
-            self._client(node.node_rank).stop(plan.run_id, grace)
-            self.store.update_host(self.run_id, node.node_rank, state=HostState.STOPPED, cleanup=Cleanup.DONE)
+            self._client(node.index).stop(plan.host_key, grace)
+            self.store.update_host(self.run_id, node.index, state=HostState.STOPPED, cleanup=Cleanup.DONE)
 
         self._interrupts.clear()  # a stop must run to its end even after Ctrl-C
         try:
@@ -379,5 +395,5 @@ class Runner:
         except HostsFailed as exc:
             for node in nodes:
                 if node.host.name in exc.failures:
-                    self.store.update_host(self.run_id, node.node_rank, cleanup=Cleanup.PENDING)
+                    self.store.update_host(self.run_id, node.index, cleanup=Cleanup.PENDING)
             self._emit(Notice(str(exc) + "\n`clusterrun stop` finishes them later.", "error"))

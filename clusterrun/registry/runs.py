@@ -16,6 +16,7 @@ from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles
 from ..hosts.group import GroupResult, fan_out
 from ..outcome import decide
+from ..plan import attempt_key
 from ..states import Cleanup, HostState, RankState, RunState
 from .store import RunRecord, RunStore, controller_alive
 
@@ -24,15 +25,21 @@ Connect = Callable[[Host], HostClient]
 
 @dataclass(frozen=True)
 class Node:
-    node_rank: int
+    node_rank: int  # the host's place in the (current) attempt
     host: Host
     ranks: Tuple[int, ...]
+    index: int  # its place in the inventory: the registry's key for hosts
 
 
-def nodes_of(record: RunRecord) -> Tuple[Inventory, List[Node]]:
+def nodes_of(record: RunRecord, plan: Optional[dict] = None) -> Tuple[Inventory, List[Node]]:
+    """The inventory recorded with the run, and the hosts of its current attempt (or of `plan`'s)."""
     inv = inventory_from_snapshot(record.snapshot)
-    nodes = [Node(n["node_rank"], inv.hosts[n["node_rank"]], tuple(r["rank"] for r in n["ranks"]))
-             for n in record.plan["nodes"]]
+    nodes = []
+    for n in (plan or record.plan)["nodes"]:
+        index = n.get("index", n["node_rank"])
+        if index < 0:
+            index = n["node_rank"]
+        nodes.append(Node(n["node_rank"], inv.hosts[index], tuple(r["rank"] for r in n["ranks"]), index))
     return inv, nodes
 
 
@@ -45,7 +52,7 @@ def on_hosts(nodes: Sequence[Node], connect: Connect, fn: Callable[[HostClient],
         finally:
             client.close()
 
-    return fan_out(nodes, one, key=lambda n: n.node_rank, name=lambda n: n.host.name)
+    return fan_out(nodes, one, key=lambda n: n.index, name=lambda n: n.host.name)
 
 
 def conclude(store: RunStore, run_id: str, open_state: RunState = RunState.RUNNING) -> RunRecord:
@@ -69,11 +76,13 @@ def reconcile(store: RunStore, run_id: str, connect: Connect) -> Tuple[RunRecord
     if (record.terminal and not record.cleanup_pending) or controller_alive(record.controller):
         return record, {}
     _, nodes = nodes_of(record)
-    asked = on_hosts(nodes, connect, lambda client: client.status(run_id))
-    for node_rank, answer in asked.results.items():
+    key = attempt_key(run_id, record.attempt)
+    by_index = {n.index: n for n in nodes}
+    asked = on_hosts(nodes, connect, lambda client: client.status(key))
+    for index, answer in asked.results.items():
         offset = answer.get("now", time.time()) - time.time()
         if not answer.get("started"):  # the controller died before starting this host: it never will
-            for rank in nodes[node_rank].ranks:
+            for rank in by_index[index].ranks:
                 store.update_rank(run_id, rank, state=RankState.NOT_STARTED)
             continue
         for rank, info in answer["ranks"].items():
@@ -82,7 +91,7 @@ def reconcile(store: RunStore, run_id: str, connect: Connect) -> Tuple[RunRecord
             elif info.get("pid"):
                 store.update_rank(run_id, int(rank), state=RankState.RUNNING)
         if answer.get("done"):
-            store.update_host(run_id, node_rank, state=HostState.DONE)
+            store.update_host(run_id, index, state=HostState.DONE)
     if not record.terminal:
         _conclude_reconciled(store, run_id, unreachable=not asked.ok)
     return store.get(run_id), asked.failed
@@ -91,11 +100,12 @@ def reconcile(store: RunStore, run_id: str, connect: Connect) -> Tuple[RunRecord
 def _conclude_reconciled(store: RunStore, run_id: str, unreachable: bool) -> None:
     record = store.get(run_id)
     never = sorted({r.host for r in record.ranks if r.state is RankState.NOT_STARTED})
-    running = {r.node_rank for r in record.ranks if not r.state.terminal}
+    running = {r.host for r in record.ranks if not r.state.terminal}
     if never and running:
         # the controller died while starting: what did start waits for peers that never come
-        for node_rank in running:
-            store.update_host(run_id, node_rank, cleanup=Cleanup.PENDING)
+        for h in record.hosts:
+            if h.name in running:
+                store.update_host(run_id, h.node_rank, cleanup=Cleanup.PENDING)
         store.update_run(run_id, state=RunState.FAILED, exit_code=RunState.FAILED.exit_code, ended_at=time.time(),
                          reason=f"the controller ended before {', '.join(never)} started; "
                                 f"`clusterrun stop {run_id}` ends the ranks that did start")
@@ -106,18 +116,22 @@ def _conclude_reconciled(store: RunStore, run_id: str, unreachable: bool) -> Non
 def stop_run(store: RunStore, run_id: str, connect: Connect, grace: float) -> Tuple[RunRecord, Dict[str, HostError]]:
     """Stop every rank by its recorded process group; idempotent; unreachable hosts stay pending."""
     record = store.get(run_id)
-    _, nodes = nodes_of(record)
+    inv, nodes = nodes_of(record)
     settled = {h.node_rank for h in record.hosts if h.cleanup in (None, Cleanup.DONE) and h.state is not HostState.LOST}
-    targets = [n for n in nodes if not (record.terminal and n.node_rank in settled)]
-    stopped = on_hosts(targets, connect, lambda client: client.stop(run_id, grace))
-    for node_rank, error in stopped.errors.items():
-        store.update_host(run_id, node_rank, cleanup=Cleanup.PENDING, error=str(error))
-    for node_rank, answer in stopped.results.items():
+    targets = [n for n in nodes if not (record.terminal and n.index in settled)]
+    current = {n.index for n in nodes}
+    # hosts an earlier attempt left behind (lost, then dropped) that still owe a stop
+    targets += [Node(-1, inv.hosts[h.node_rank], (), h.node_rank) for h in record.hosts
+                if h.node_rank not in current and h.cleanup is Cleanup.PENDING]
+    stopped = on_hosts(targets, connect, lambda client: client.stop(run_id, grace))  # every attempt there
+    for index, error in stopped.errors.items():
+        store.update_host(run_id, index, cleanup=Cleanup.PENDING, error=str(error))
+    for index, answer in stopped.results.items():
         still_open = {r.rank for r in store.get(run_id).ranks if not r.state.terminal}
         for rank, rec in answer.get("exits", {}).items():
-            if int(rank) in still_open:
+            if int(rank) in still_open and index in current:
                 store.record_exit(run_id, int(rank), rec, 0.0)
-        store.update_host(run_id, node_rank, cleanup=Cleanup.DONE, state=HostState.STOPPED)
+        store.update_host(run_id, index, cleanup=Cleanup.DONE, state=HostState.STOPPED)
     if stopped.ok:
         store.update_run(run_id, reason=record.reason or "stopped by `clusterrun stop`")
     return conclude(store, run_id, open_state=RunState.STOPPED if stopped.ok else RunState.UNKNOWN), stopped.failed
@@ -126,10 +140,11 @@ def stop_run(store: RunStore, run_id: str, connect: Connect, grace: float) -> Tu
 def fetch_logs(store: RunStore, run_id: str, connect: Connect, *, follow: bool,
                on_lines: Callable[[LogLines], None], on_problem: Callable[[str], None],
                before_follow: Callable[[], None] = lambda: None, stop_flag: Optional[list] = None,
-               host_lost_s: float = 15.0) -> None:
+               host_lost_s: float = 15.0, attempt: Optional[int] = None) -> None:
     """Bring the local log copies up to date from the hosts (by byte offset); with follow, keep going and
-    hand every new line to on_lines until every rank has ended or stop_flag gets an element."""
-    fetch = _LogFetch(store, run_id, connect, host_lost_s)
+    hand every new line to on_lines until every rank has ended or stop_flag gets an element. attempt: which
+    attempt's logs (job.restarts; the current one when None)."""
+    fetch = _LogFetch(store, run_id, connect, host_lost_s, attempt)
     for name, err in fetch.connected.failed.items():
         on_problem(f"{name}: {err.message}; showing the local copy of its logs")
     try:
@@ -145,10 +160,15 @@ def fetch_logs(store: RunStore, run_id: str, connect: Connect, *, follow: bool,
 class _LogFetch:
     """`logs`: a follower per reachable host of a recorded run, writing the local copies."""
 
-    def __init__(self, store: RunStore, run_id: str, connect: Connect, host_lost_s: float):
+    def __init__(self, store: RunStore, run_id: str, connect: Connect, host_lost_s: float,
+                 attempt: Optional[int] = None):
         self.store, self.run_id, self.connect, self.host_lost_s = store, run_id, connect, host_lost_s
         self.record = store.get(run_id)
-        _, self.nodes = nodes_of(self.record)
+        self.attempt = self.record.attempt if attempt is None else attempt
+        self.current = self.attempt == self.record.attempt
+        past = None if self.current else next(a for a in self.record.attempts if a.attempt == self.attempt)
+        _, self.nodes = nodes_of(self.record, None if past is None else past.plan)
+        self.ranks = self.record.ranks if past is None else past.ranks
         self.events: "queue.Queue" = queue.Queue()
         self.connected = fan_out(self.nodes, lambda n: connect(n.host), key=lambda n: n.node_rank,
                                  name=lambda n: n.host.name)
@@ -165,15 +185,15 @@ class _LogFetch:
         return followers
 
     def _follower(self, node: Node, once: bool) -> Follower:
-        store, run_id = self.store, self.run_id
-        files = LogFiles(rank=lambda r: store.log_path(run_id, r),
-                         aux=lambda name, host=node.host.name: store.aux_log_path(run_id, host, name))
-        ranks = [r.rank for r in self.record.ranks if r.node_rank == node.node_rank]
+        store, run_id, attempt = self.store, self.run_id, self.attempt
+        files = LogFiles(rank=lambda r: store.log_path(run_id, r, attempt),
+                         aux=lambda name, host=node.host.name: store.aux_log_path(run_id, host, name, attempt))
+        ranks = [r.rank for r in self.ranks if r.node_rank == node.node_rank]
         offsets: Dict[Hashable, int] = {r: _size(files.rank(r)) for r in ranks}
         offsets.update({("a", i): _size(files.aux(name)) for i, name in enumerate(self.aux)})
         client = self.clients[node.node_rank]
         return Follower(node_rank=node.node_rank, host=node.host.name, ranks=ranks, files=files,
-                        world_size=len(self.record.ranks), run_id=run_id,
+                        world_size=len(self.ranks), run_id=attempt_key(run_id, attempt),
                         client=lambda reconnect, c=client, h=node.host: self.connect(h) if reconnect else c,
                         out=self.events, host_lost_s=self.host_lost_s, offsets=offsets, once=once, aux=self.aux)
 
@@ -187,7 +207,7 @@ class _LogFetch:
                 continue
             if isinstance(ev, LogLines) and on_lines is not None:
                 on_lines(ev)
-            elif isinstance(ev, RankSeen) and self.record.ranks[ev.rank].node_rank != ev.node_rank:
+            elif isinstance(ev, RankSeen) and self.current and self.ranks[ev.rank].node_rank != ev.node_rank:
                 self.store.update_rank(self.run_id, ev.rank, node_rank=ev.node_rank,
                                        host=self.nodes[ev.node_rank].host.name)
             elif isinstance(ev, Stuck) and (ev.node_rank, ev.rank, ev.remote) not in self.warned:

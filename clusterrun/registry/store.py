@@ -36,11 +36,15 @@ CREATE TABLE IF NOT EXISTS hosts (
 CREATE TABLE IF NOT EXISTS ranks (
   run_id TEXT, rank INTEGER, node_rank INTEGER, host TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
   started_at REAL, ended_at REAL, pid INTEGER, note TEXT, stop_reason TEXT, PRIMARY KEY (run_id, rank));
+CREATE TABLE IF NOT EXISTS attempts (
+  run_id TEXT, attempt INTEGER, started_at REAL, ended_at REAL, hosts TEXT, world_size INTEGER, state TEXT,
+  exit_code INTEGER, reason TEXT, dropped TEXT, plan TEXT, ranks TEXT, PRIMARY KEY (run_id, attempt));
 """
 
 # columns added after schema 1 first shipped, for registries that predate them
 _ADDED_COLUMNS = (("runs", "phases TEXT"), ("hosts", "pushed_bytes INTEGER"), ("hosts", "push_seconds REAL"),
-                  ("hosts", "restarts INTEGER"), ("ranks", "stop_reason TEXT"))
+                  ("hosts", "restarts INTEGER"), ("ranks", "stop_reason TEXT"), ("runs", "attempt INTEGER"),
+                  ("runs", "restarts INTEGER"))
 
 
 def state_dir() -> str:
@@ -102,6 +106,29 @@ def rank_json(r: RankResult) -> dict:
 
 
 @dataclass(frozen=True)
+class AttemptRecord:
+    """One finished attempt of a run that restarts (job.restarts): where it ran and how it ended."""
+
+    attempt: int
+    started_at: Optional[float]
+    ended_at: Optional[float]
+    hosts: Tuple[str, ...]
+    world_size: int
+    state: RunState
+    exit_code: Optional[int]
+    reason: str
+    dropped: Tuple[str, ...]  # hosts of the attempt before that this one went on without, with why
+    plan: Dict[str, Any]
+    ranks: Tuple[RankResult, ...]
+
+    def to_json(self) -> dict:
+        return {"attempt": self.attempt, "started_at": self.started_at, "ended_at": self.ended_at,
+                "hosts": list(self.hosts), "world_size": self.world_size, "state": self.state.value,
+                "exit_code": self.exit_code, "reason": self.reason, "dropped": list(self.dropped),
+                "ranks": [rank_json(r) for r in self.ranks]}
+
+
+@dataclass(frozen=True)
 class RunRecord:
     id: str
     created_at: float
@@ -116,7 +143,10 @@ class RunRecord:
     detached: bool
     phases: Dict[str, float]  # seconds per phase of the launch: connect, push, start, run
     hosts: Tuple[HostRecord, ...]
-    ranks: Tuple[RankResult, ...]
+    ranks: Tuple[RankResult, ...]  # the current (last) attempt's
+    attempt: int = 0
+    restarts: int = 0  # how many attempts after the first the run may have
+    attempts: Tuple[AttemptRecord, ...] = ()  # the finished ones before the current
 
     @property
     def terminal(self) -> bool:
@@ -130,7 +160,9 @@ class RunRecord:
         return {"id": self.id, "state": self.state.value, "exit_code": self.exit_code, "reason": self.reason,
                 "created_at": self.created_at, "ended_at": self.ended_at, "inventory": self.inventory,
                 "detached": self.detached, "phases": self.phases, "hosts": [h.to_json() for h in self.hosts],
-                "ranks": [rank_json(r) for r in self.ranks], "cleanup_pending": self.cleanup_pending}
+                "ranks": [rank_json(r) for r in self.ranks], "cleanup_pending": self.cleanup_pending,
+                "attempt": self.attempt, "restarts": self.restarts,
+                "attempts": [a.to_json() for a in self.attempts]}
 
 
 class RunStore:
@@ -173,13 +205,13 @@ class RunStore:
     # -------------------------------------------------------------- writing
 
     def create(self, run_id: str, inventory: str, snapshot: dict, plan: dict, controller: dict,
-               hosts: List[dict], ranks: List[dict]) -> None:
+               hosts: List[dict], ranks: List[dict], restarts: int = 0) -> None:
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("INSERT INTO runs (id, created_at, inventory, snapshot, plan, state, controller) "
-                             "VALUES (?, ?, ?, ?, ?, 'starting', ?)",
+            self._db.execute("INSERT INTO runs (id, created_at, inventory, snapshot, plan, state, controller, attempt, "
+                             "restarts) VALUES (?, ?, ?, ?, ?, 'starting', ?, 0, ?)",
                              (run_id, time.time(), inventory, json.dumps(snapshot), json.dumps(plan),
-                              json.dumps(controller)))
+                              json.dumps(controller), restarts))
             for h in hosts:
                 self._db.execute("INSERT INTO hosts (run_id, node_rank, name, state) VALUES (?, ?, ?, 'pending')",
                                  (run_id, h["node_rank"], h["name"]))
@@ -233,15 +265,18 @@ class RunStore:
             ranks = tuple(RankResult(
                 rank=r["rank"], node_rank=r["node_rank"], host=r["host"], state=RankState(r["state"]),
                 exit_code=r["exit_code"], signal=r["signal"], started_at=r["started_at"], ended_at=r["ended_at"],
-                log_path=self.log_file(run_id, r["rank"]), note=r["note"] or "", stop_reason=r["stop_reason"] or "")
+                log_path=self.log_file(run_id, r["rank"], row["attempt"] or 0), note=r["note"] or "",
+                stop_reason=r["stop_reason"] or "")
                 for r in self._db.execute("SELECT * FROM ranks WHERE run_id = ? ORDER BY rank", (run_id,)))
+            attempts = self._attempts(run_id)
         return RunRecord(id=row["id"], created_at=row["created_at"], inventory=row["inventory"],
                          snapshot=json.loads(row["snapshot"]), plan=json.loads(row["plan"]),
                          state=RunState(row["state"]),
                          exit_code=row["exit_code"], reason=row["reason"], ended_at=row["ended_at"],
                          controller=json.loads(row["controller"]) if row["controller"] else None,
                          detached=bool(row["detached"]), phases=json.loads(row["phases"] or "{}"),
-                         hosts=hosts, ranks=ranks)
+                         hosts=hosts, ranks=ranks, attempt=row["attempt"] or 0, restarts=row["restarts"] or 0,
+                         attempts=attempts)
 
     def ids(self, limit: Optional[int] = None) -> List[str]:
         sql = "SELECT id FROM runs ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
@@ -276,14 +311,62 @@ class RunStore:
                 pass
         return path
 
-    def log_path(self, run_id: str, rank: int) -> str:
-        """The local copy of a rank's log, its folder made if needed."""
-        return os.path.join(self.log_dir(run_id), f"rank-{rank}.log")
+    def _attempt_dir(self, run_id: str, attempt: int) -> str:
+        folder = self.log_dir(run_id)
+        if attempt:
+            folder = os.path.join(folder, f"attempt-{attempt}")
+            os.makedirs(folder, 0o700, exist_ok=True)
+        return folder
 
-    def aux_log_path(self, run_id: str, host: str, stream: str) -> str:
+    def log_path(self, run_id: str, rank: int, attempt: int = 0) -> str:
+        """The local copy of a rank's log (of one attempt: every attempt keeps its own), folder made if needed."""
+        return os.path.join(self._attempt_dir(run_id, attempt), f"rank-{rank}.log")
+
+    def aux_log_path(self, run_id: str, host: str, stream: str, attempt: int = 0) -> str:
         """The local copy of a host's other output (its setup, torchrun's own messages)."""
-        return os.path.join(self.log_dir(run_id), f"{host}-{stream}.log")
+        return os.path.join(self._attempt_dir(run_id, attempt), f"{host}-{stream}.log")
 
-    def log_file(self, run_id: str, rank: int) -> str:
+    def log_file(self, run_id: str, rank: int, attempt: int = 0) -> str:
         """Where the local copy of a rank's log is (or would be); makes nothing."""
-        return os.path.join(self.home, "runs", run_id, f"rank-{rank}.log")
+        parts = [self.home, "runs", run_id] + ([f"attempt-{attempt}"] if attempt else [])
+        return os.path.join(*parts, f"rank-{rank}.log")
+
+    # -------------------------------------------------------------- attempts (job.restarts)
+
+    def archive_attempt(self, run_id: str, dropped: List[str] = ()) -> None:
+        """Keep the current attempt (its plan, hosts, ranks and end) in the attempts table."""
+        record = self.get(run_id)
+        ranks = json.dumps([rank_json(r) for r in record.ranks])
+        hosts = json.dumps([n["name"] for n in record.plan.get("nodes", [])])
+        started = min((r.started_at for r in record.ranks if r.started_at), default=record.created_at)
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (run_id, record.attempt, started, time.time(), hosts,
+                              record.plan.get("world_size"), record.state.value, record.exit_code, record.reason,
+                              json.dumps(list(dropped)), json.dumps(record.plan), ranks))
+
+    def begin_attempt(self, run_id: str, attempt: int, plan: dict, ranks: List[dict]) -> None:
+        """The next attempt: its plan, and its ranks (renumbered over the hosts still there), pending."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM ranks WHERE run_id = ?", (run_id,))
+            for r in ranks:
+                self._db.execute("INSERT INTO ranks (run_id, rank, node_rank, host, state) "
+                                 "VALUES (?, ?, ?, ?, 'pending')", (run_id, r["rank"], r["node_rank"], r["host"]))
+            self._db.execute("UPDATE runs SET attempt = ?, plan = ?, state = 'running', exit_code = NULL, "
+                             "reason = NULL, ended_at = NULL WHERE id = ?", (attempt, json.dumps(plan), run_id))
+
+    def _attempts(self, run_id: str) -> Tuple[AttemptRecord, ...]:
+        rows = self._db.execute("SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,)).fetchall()
+        out = []
+        for a in rows:
+            ranks = tuple(RankResult(rank=r["rank"], node_rank=r["node_rank"], host=r["host"],
+                                     state=RankState(r["state"]), exit_code=r["exit_code"], signal=r["signal"],
+                                     started_at=r["started_at"], ended_at=r["ended_at"],
+                                     log_path=self.log_file(run_id, r["rank"], a["attempt"]),
+                                     note=r.get("note") or "", stop_reason=r.get("stop_reason") or "")
+                          for r in json.loads(a["ranks"] or "[]"))
+            out.append(AttemptRecord(a["attempt"], a["started_at"], a["ended_at"], tuple(json.loads(a["hosts"])),
+                                     a["world_size"] or 0, RunState(a["state"]), a["exit_code"], a["reason"] or "",
+                                     tuple(json.loads(a["dropped"] or "[]")), json.loads(a["plan"] or "{}"), ranks))
+        return tuple(out)

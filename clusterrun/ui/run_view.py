@@ -61,12 +61,13 @@ class RunView:
             self.err.print(Text(ev.text, style=style))
 
     def _on_phase(self, ev: Phase) -> None:
-        if self._phase and not self.quiet:
+        if self._phase and self._phase != "run" and not self.quiet:  # host phases: how many hosts, how long
             took = time.monotonic() - self._phase_started
             count = self._done.get(self._phase, 0)
             self.err.print(Text(f"{self._phase}: {count} host{'s' if count != 1 else ''} in {took:.2f} s",
                                 style="dim"))
         self._phase, self._phase_started = ev.name, time.monotonic()
+        self._done[ev.name] = 0  # a restart starts its hosts again
         if ev.name == "run":
             self.close()
             if not self.quiet:
@@ -87,6 +88,20 @@ class RunView:
 
     # -------------------------------------------------------------- endings
 
+    def _attempts(self, outcome: RunOutcome) -> None:
+        """job.restarts: every attempt and its first failure (the root cause above is the last one's)."""
+        from rich.table import Table
+
+        table = Table(title="Attempts (each one's first failure)", title_justify="left")
+        for col in ("attempt", "hosts", "world", "result"):
+            table.add_column(col)
+        for a in outcome.attempts:
+            hosts = ", ".join(a.hosts) + (f" ({'; '.join(a.dropped)})" if a.dropped else "")
+            result = a.reason or a.state.value if a.state is not RunState.SUCCEEDED else "ok"
+            table.add_row(str(a.attempt + 1), hosts, str(a.world_size),
+                          mask_text(result, self.logs.secrets))
+        self.err.print(table)
+
     def outcome(self, outcome: RunOutcome) -> None:
         self.close()
         err = self.err
@@ -96,7 +111,8 @@ class RunView:
 
         if outcome.root_cause is not None:
             rc = outcome.root_cause
-            table = Table(title="Root cause (first observed failure)", title_justify="left", show_lines=False)
+            of = f" of attempt {len(outcome.attempts)}" if outcome.attempts else ""
+            table = Table(title=f"Root cause{of} (first observed failure)", title_justify="left", show_lines=False)
             for col in ("rank", "host", "result", "time", "log"):
                 table.add_column(col)
             when = time.strftime("%H:%M:%S", time.localtime(rc.ended_at)) if rc.ended_at else "-"
@@ -115,6 +131,8 @@ class RunView:
             if others:
                 err.print(Text("other failed ranks: " + ", ".join(f"r{r.rank} on {r.host} ({r.describe()})"
                                                                   for r in others), style="dim"))
+        if outcome.attempts:
+            self._attempts(outcome)
         summary = Table(title=f"run {outcome.run_id}: {outcome.state.value}", title_justify="left")
         for col in ("rank", "host", "result", "duration"):
             summary.add_column(col)

@@ -51,7 +51,7 @@ def show_runs(records: Sequence[Tuple[RunRecord, Dict[str, HostError]]], out: Co
     table = Table(title_justify="left")
     for col in ("run", "state", "hosts", "ranks", "started", "duration", "exit", "note"):
         table.add_column(col)
-    for record, problems in records:
+    for record, problems in records:  # hosts and ranks: the current attempt's (a restart may drop hosts)
         ended = record.ended_at or time.time()
         note = record.reason or ""
         if record.cleanup_pending:
@@ -61,7 +61,11 @@ def show_runs(records: Sequence[Tuple[RunRecord, Dict[str, HostError]]], out: Co
             note = (note + "; " if note else "") + "torchrun restarts: " + ", ".join(restarted)
         if problems:
             note = (note + "; " if note else "") + "unreachable: " + ", ".join(problems)
-        table.add_row(record.id, record.state.value, str(len(record.hosts)), str(len(record.ranks)),
+        state = record.state.value
+        if record.restarts:  # job.restarts: which attempt, of how many the run may make
+            state += f" ({record.attempt + 1}/{record.restarts + 1})"
+        table.add_row(record.id, state, str(len(record.plan.get("nodes", record.hosts))),
+                      str(len(record.ranks)),
                       time.strftime("%m-%d %H:%M:%S", time.localtime(record.created_at)),
                       f"{ended - record.created_at:.0f} s", "" if record.exit_code is None else str(record.exit_code),
                       Text(note[:120]))

@@ -90,6 +90,17 @@ class FakeAgent:
     def follow(self, run_id, offsets, once=False):
         return FakeStream(self.h)
 
+    def free_port(self):
+        self.h.world.calls.append(("free-port", self.h.name))
+        return 45678
+
+    def start(self, run_id, spec):
+        """A restart's start (job.restarts): the job is there, the attempt gets its ranks anew."""
+        self.h.world.calls.append(("start-attempt", self.h.name, run_id))
+        self.h.ranks, self.h.ended, self.h.spec = [r["rank"] for r in spec["ranks"]], set(), spec
+        self.h.world.offsets.clear()
+        return {"supervisor": {"pid": 2}, "coordinator": {"port": 50001} if spec["peers"].get("coordinator") else None}
+
     def stop(self, run_id, grace, reason="stopped"):
         self.h.stops.append(grace)
         self.h.world.calls.append(("stop", self.h.name))
@@ -336,3 +347,77 @@ def test_a_failed_preflight_check_starts_nothing_and_names_the_host(tmp_path):
     assert not any(c[0].startswith("start") for c in w.calls)
     assert sorted(c for c in w.calls if c[0] == "abandon") == [("abandon", "a"), ("abandon", "b"), ("abandon", "c")]
     assert any("900 MB free" in getattr(e, "text", "") for e in w.events)
+
+
+RESTARTS = """\
+version: 1
+hosts:
+  - {name: a, connection: local, addr: 198.18.7.1, workdir: /w/a, slots: 2}
+  - {name: b, connection: local, addr: 198.18.7.2, workdir: /w/b}
+  - {name: c, connection: local, addr: 198.18.7.3, workdir: /w/c}
+job: {script: train.py, restarts: 1, min_nodes: 2, restart_delay: 0.1s}
+timeouts: {host_lost: 1.5, grace: 2}
+"""
+
+
+def beat_until(w, names, done, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not done():
+        for name in names:
+            w.hosts[name].frames.put(Frame("H", 0, 0, json.dumps({"now": time.time()}).encode()))
+        time.sleep(0.2)
+    assert done()
+
+
+def test_rank0s_host_lost_the_next_attempt_runs_on_the_rest_with_a_new_master(tmp_path):
+    w = World(RESTARTS, tmp_path)
+    w.hosts["a"].reachable_for_stop = False
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    beat_until(w, "bc", lambda: any(c[0] == "start-attempt" for c in w.calls))  # a is silent: lost
+    beat_until(w, "bc", lambda: w.hosts["c"].spec.get("run_id", "").endswith("/attempt-1"))
+    b, c = w.hosts["b"], w.hosts["c"]
+    assert (b.ranks, c.ranks) == ([0], [1])  # renumbered in node order over the survivors
+    env_b, env_c = b.spec["ranks"][0]["env"], c.spec["ranks"][0]["env"]
+    assert env_b["MASTER_ADDR"] == env_c["MASTER_ADDR"] == "198.18.7.2"  # rank 0's host moved to b
+    assert env_b["MASTER_PORT"] == "45678" and ("free-port", "b") in w.calls
+    assert (env_b["WORLD_SIZE"], env_c["RANK"], env_b["CLUSTERRUN_ATTEMPT"]) == ("2", "1", "1")
+    assert w.calls.index(("start-attempt", "b", "20261130-000000-abcd/attempt-1")) < \
+        w.calls.index(("start-attempt", "c", "20261130-000000-abcd/attempt-1"))  # the new rank 0 first
+    assert b.spec["peers"].get("coordinator") and c.spec["peers"]["addr"] == "198.18.7.2"
+    b.exit(0, code=0)
+    c.exit(1, code=0)
+    t.join(10)
+    outcome = out["outcome"]
+    assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
+    assert [(a.attempt, a.hosts, a.world_size) for a in outcome.attempts] == [(0, ("a", "b", "c"), 4),
+                                                                             (1, ("b", "c"), 2)]
+    assert outcome.attempts[1].dropped == ("a dropped: host lost",)
+    assert any("attempt 2/2 on 2 hosts (a dropped: host lost)" in getattr(e, "text", "") for e in w.events)
+    record = w.store.get("20261130-000000-abcd")
+    assert record.attempt == 1 and record.attempts[0].state == "failed"
+    assert "lost" in record.attempts[0].reason and record.attempts[0].hosts == ("a", "b", "c")
+    assert [h.name for h in record.hosts if h.cleanup == "pending"] == ["a"]  # `stop` finishes it later
+
+
+def test_fewer_hosts_than_min_nodes_left_means_no_restart(tmp_path):
+    w = World(RESTARTS.replace("min_nodes: 2", "min_nodes: 3"), tmp_path)
+    w.hosts["c"].reachable_for_stop = False
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    beat_until(w, "ab", lambda: not t.is_alive())
+    outcome = out["outcome"]
+    assert (outcome.state, outcome.exit_code) == ("failed", 1) and not outcome.attempts
+    assert not any(c[0] == "start-attempt" for c in w.calls)
+    assert any("no restart: 2 hosts left, job.min_nodes is 3" in getattr(e, "text", "") for e in w.events)
+
+
+def test_a_stopped_or_interrupted_run_never_restarts(tmp_path):
+    w = World(RESTARTS, tmp_path)
+    runner = w.runner()
+    t, out = w.run_in_thread(runner)
+    w.wait_started()
+    runner.interrupt()
+    t.join(10)
+    assert out["outcome"].exit_code == 130
+    assert not any(c[0] == "start-attempt" for c in w.calls)

@@ -6,7 +6,7 @@ import socket
 import sys
 import time
 
-from .common import CAT_LIMIT, Fail, free_port, reply, send_msg
+from .common import CAT_LIMIT, Fail, free_port, job_dir, reply, run_root, send_msg
 from .follow import cmd_follow
 from .receive import cmd_receive
 from .runstate import cmd_status
@@ -17,7 +17,7 @@ from .supervise import cmd_start
 
 def cmd_cat(run_dir, rel):
     """A file of the run's job folder (metrics.json, say), raw on stdout; never anything outside it."""
-    job = os.path.realpath(os.path.join(run_dir, "job"))
+    job = os.path.realpath(job_dir(run_dir))
     path = os.path.realpath(os.path.join(job, rel))
     if not path.startswith(job + os.sep):
         raise Fail("%r is outside the run's job folder" % rel, "protocol")
@@ -52,8 +52,11 @@ def main(argv):
     os.makedirs(workdir, 0o700, exist_ok=True)
 
     def run_dir():
-        path = os.path.normpath(os.path.join(workdir, "runs", args[0]))
-        if os.path.dirname(path) != os.path.join(workdir, "runs"):
+        """RUN, or RUN/attempt-K for attempt K of a run (job.restarts); nothing else."""
+        runs = os.path.join(workdir, "runs")
+        path = os.path.normpath(os.path.join(runs, args[0]))
+        parent = os.path.dirname(path)
+        if parent != runs and not (os.path.dirname(parent) == runs and run_root(path) == parent):
             raise Fail("bad run id %r" % args[0], "protocol")
         return path
 

@@ -4,8 +4,8 @@ import os
 import subprocess
 import time
 
-from .common import log_path
-from .procs import MARKER_ENV, process_marker, start_ticks
+from .common import job_dir, log_path
+from .procs import start_ticks
 from .supervisor import Supervisor
 
 
@@ -24,12 +24,10 @@ class RankSupervisor(Supervisor):
             if stopped_early:  # stopped between start and now: start nothing, record why
                 self.record(rank, stopped=True, error="stopped before it started")
                 continue
-            env = dict(os.environ)
-            env.update(r["env"])
-            env[MARKER_ENV] = process_marker(self.spec)
+            env = self.environment(r["env"])
             fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                proc = subprocess.Popen(r["argv"], cwd=os.path.join(self.run_dir, "job"), env=env,
+                proc = subprocess.Popen(r["argv"], cwd=job_dir(self.run_dir), env=env,
                                         stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                                         close_fds=True)
             except OSError as exc:

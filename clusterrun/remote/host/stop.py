@@ -5,19 +5,32 @@ import shutil
 import signal
 import time
 
-from .common import read_json, reply, write_json_atomic
+from .common import attempt_dirs, read_json, reply, run_root, write_json_atomic
 from .procs import process_marker, rank_live, run_members, same_process, signal_rank
 from .runstate import collect_exits, load_state, rank_ids
 
 
 
 def cmd_stop(run_dir, grace, reason="stopped"):
+    """Stop the run on this host: the attempt named, or with the run's own folder, every attempt of it."""
+    attempts = attempt_dirs(run_dir) if run_root(run_dir) == run_dir else []
+    answers = [_stop_one(d, grace, reason) for d in [run_dir] + attempts]
+    answer = answers[0]
+    for other in answers[1:]:  # the exits of the latest attempt are what the registry wants
+        if other.get("exits"):
+            answer = dict(other, left=answer["left"] + other["left"])
+    reply(answer)
+    return 0
+
+
+def _stop_one(run_dir, grace, reason):
     spec, state = load_state(run_dir, must_exist=False)
     if spec is None:  # pushed (or partly) but never started: nothing runs, so the files go too
+        if run_root(run_dir) != run_dir:  # an attempt folder that never started: nothing was pushed there
+            return {"exits": {}, "left": [], "note": "never started"}
         removed = os.path.isdir(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
-        reply({"exits": {}, "left": [], "note": "never started" + ("; pushed files removed" if removed else "")})
-        return 0
+        return {"exits": {}, "left": [], "note": "never started" + ("; pushed files removed" if removed else "")}
     marker = process_marker(spec)
     write_json_atomic(os.path.join(run_dir, "stop.json"), {"grace": grace, "reason": reason,
                                                           "requested_at": time.time()})
@@ -48,9 +61,8 @@ def cmd_stop(run_dir, grace, reason="stopped"):
             break
         time.sleep(0.02)
     exits, sup_alive = collect_exits(run_dir, spec, state)
-    reply({"exits": {str(k): v for k, v in exits.items()}, "killed": killed,
-           "left": [name for name, info in targets.items() if rank_live(marker, info)]})
-    return 0
+    return {"exits": {str(k): v for k, v in exits.items()}, "killed": killed,
+            "left": [name for name, info in targets.items() if rank_live(marker, info)]}
 
 
 def _targets(state, pending):

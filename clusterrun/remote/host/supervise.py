@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from .common import Fail, read_json, reply, write_json_atomic
+from .common import Fail, job_dir, read_json, reply, run_root, write_json_atomic
 from .python_launcher import RankSupervisor
 from .torchrun import TorchrunSupervisor
 
@@ -20,8 +20,14 @@ def cmd_start(run_dir):
 
 def start_run(run_dir, spec):
     """Write the spec (0600), fork the detached supervisor, and return its state once the ranks run."""
-    if not os.path.isdir(os.path.join(run_dir, "job")):
+    if not os.path.isdir(job_dir(run_dir)):
         raise Fail("the job was not pushed to this host", "missing", run_dir)
+    if run_root(run_dir) != run_dir:  # a restart: its own folder beside the first attempt's files
+        try:
+            os.mkdir(run_dir, 0o700)
+        except FileExistsError:
+            raise Fail("attempt %s was already started on this host" % os.path.basename(run_dir), "exists",
+                       run_dir) from None
     if os.path.exists(os.path.join(run_dir, "spec.json")):
         raise Fail("this run was already started on this host", "exists", run_dir)
     write_json_atomic(os.path.join(run_dir, "spec.json"), spec)

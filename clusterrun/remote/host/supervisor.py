@@ -12,7 +12,7 @@ import time
 
 from .common import PROTOCOL, exit_path, read_json, write_json_atomic
 from .peers import Coordinator, Peer
-from .procs import group_alive, start_ticks
+from .procs import MARKER_ENV, group_alive, process_marker, start_ticks
 from .secrets import scrub_run
 
 # Why a supervisor stopped its ranks (exit records carry it as "stop_reason").
@@ -43,6 +43,22 @@ class Supervisor:
         self.coordinator = Coordinator(peers, self.log) if peers.get("coordinator") else None
         self.peer = Peer(peers, int(spec.get("node_rank", 0)), self.log) if peers.get("addr") else None
         self.told_failure = self.told_done = False
+
+    def environment(self, env):
+        """What a process of this run gets: this host's environment, the spec's, the process marker, and a
+        checkpoint folder that exists (it outlives attempts: RUN/checkpoints, or job.checkpoint_dir)."""
+        out = dict(os.environ)
+        out.update(env)
+        out[MARKER_ENV] = process_marker(self.spec)
+        folder = out.get("CLUSTERRUN_CHECKPOINT_DIR")
+        if folder:
+            folder = os.path.expanduser(folder)
+            try:
+                os.makedirs(folder, 0o700, exist_ok=True)
+            except OSError as exc:
+                self.log("cannot make the checkpoint folder %s: %s" % (folder, exc))
+            out["CLUSTERRUN_CHECKPOINT_DIR"] = folder
+        return out
 
     def log(self, text):
         sys.stdout.write("%s %s\n" % (time.strftime("%H:%M:%S"), text))

@@ -20,8 +20,8 @@ import signal
 import subprocess
 import time
 
-from .common import read_json
-from .procs import MARKER_ENV, process_marker, same_process, start_ticks
+from .common import job_dir, read_json
+from .procs import same_process, start_ticks
 from .supervisor import Supervisor
 
 LAUNCHER_LOG = "launcher.log"
@@ -62,12 +62,10 @@ class TorchrunSupervisor(Supervisor):
         os.makedirs(self.workers, 0o700, exist_ok=True)
         shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
         argv = list(self.spec["command"]) + [shim, self.run_dir, "--"] + list(self.spec["entry"])
-        env = dict(os.environ)
-        env.update(self.spec["env"])
-        env[MARKER_ENV] = process_marker(self.spec)
+        env = self.environment(self.spec["env"])
         fd = os.open(os.path.join(self.run_dir, LAUNCHER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            self.proc = subprocess.Popen(argv, cwd=os.path.join(self.run_dir, "job"), env=env,
+            self.proc = subprocess.Popen(argv, cwd=job_dir(self.run_dir), env=env,
                                          stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                                          close_fds=True)
         except OSError as exc:

@@ -1,0 +1,198 @@
+"""The inventory's job: section → a frozen Job, every problem with file:line:col; and the check that the
+job's files exist under its root (`check_files`, the one part that looks at the disk)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import yaml
+
+from ..errors import UsageError
+from . import placeholders
+from .yaml_nodes import NodeReader
+
+JOB_KEYS = ("root", "script", "module", "args", "rank_flags", "launcher", "setup", "restarts", "min_nodes",
+            "restart_delay", "checkpoint_dir", "sync", "exclude", "init_method", "backend", "timeout", "time_limit",
+            "shared_dir")
+LAUNCHERS = ("python", "torchrun")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".mypy_cache/", ".pytest_cache/")
+
+
+
+
+@dataclass(frozen=True)
+class Job:
+    root: str  # absolute folder that job paths are relative to and that is mirrored on the hosts
+    script: Optional[str]  # relative POSIX path under root; None for a module job, or a bare hostfile
+    args: Tuple[str, ...]  # may hold placeholders ({rank}, {dist_url}, ...: config/placeholders.py)
+    sync: Tuple[str, ...]
+    exclude: Tuple[str, ...]
+    init_method: str  # "env" | "tcp" | "file"
+    backend: str  # "gloo" | "nccl"
+    timeout_s: float
+    time_limit_s: Optional[float]
+    shared_dir: Optional[str]
+    module: Optional[str] = None  # `python -m MODULE` (run in the pushed root) instead of a script
+    rank_flags: bool = True  # `--rank i --world-size n` before the args (the tutorials' way)
+    launcher: str = "python"  # python: one process per rank | torchrun: torch.distributed.run per host
+    setup: Tuple[str, ...] = ()  # shell commands run on each host in the job folder before any rank starts
+    restarts: int = 0  # attempts after the first, on the hosts still there (torchrun: its --max-restarts)
+    min_nodes: Optional[int] = None  # fewer hosts left than this: no restart (None: every host)
+    restart_delay_s: float = 5.0
+    checkpoint_dir: Optional[str] = None  # shared across hosts and attempts; default: one per run and host
+
+    @property
+    def entry(self) -> Optional[Tuple[str, ...]]:
+        """What follows the interpreter: (script,) or ("-m", module); None when neither is set yet."""
+        if self.module:
+            return ("-m", self.module)
+        return (self.script,) if self.script else None
+
+    @property
+    def entry_text(self) -> str:
+        return f"-m {self.module}" if self.module else (self.script or "")
+
+
+def _rel_job_path(r: NodeReader, node: yaml.Node, key: str, value: str, root: str) -> Optional[str]:
+    """A path under root, as a normalised relative POSIX path; None (with a problem) if it escapes."""
+    full = os.path.normpath(os.path.join(root, value))
+    if full != root and not full.startswith(root.rstrip(os.sep) + os.sep):
+        r.error(node, key, f"{value!r} is outside the job root {root} (set job.root to a folder that holds it)")
+        return None
+    rel = os.path.relpath(full, root).replace(os.sep, "/")
+    return "." if rel == "." else rel
+
+
+def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
+    entries = r.mapping(node, "job", JOB_KEYS) if node is not None else {}
+
+    def get(name):
+        return entries[name][1] if name in entries else None
+
+    root = base_dir
+    if get("root") is not None:
+        value = r.string(get("root"), "job.root")
+        if value is not None:
+            root = os.path.normpath(os.path.join(base_dir, os.path.expanduser(value)))
+    script = None
+    if get("script") is not None:
+        value = r.string(get("script"), "job.script")
+        if value is not None:
+            script = _rel_job_path(r, get("script"), "job.script", value, root)
+    module = _read_module(r, get("module"), has_script=get("script") is not None)
+    launcher = r.choice(get("launcher"), "job.launcher", LAUNCHERS) if get("launcher") is not None else "python"
+    launcher = launcher or "python"
+    rank_flags = r.boolean(get("rank_flags"), "job.rank_flags") if get("rank_flags") is not None else None
+    if rank_flags and launcher == "torchrun":
+        r.error(get("rank_flags"), "job.rank_flags", "launcher: torchrun gives every worker its rank in RANK; "
+                                                      "it cannot add --rank to each worker's arguments")
+    args = tuple(r.string_list(get("args"), "job.args", numbers_ok=True,
+                               check=lambda v: placeholders.check(v, per_worker_ok=launcher != "torchrun"))) \
+        if get("args") is not None else ()
+    init_method = r.choice(get("init_method"), "job.init_method", ("env", "tcp", "file")) \
+        if get("init_method") is not None else "env"
+    if launcher == "torchrun" and init_method not in (None, "env"):
+        r.error(get("init_method"), "job.init_method", "launcher: torchrun makes the rendezvous itself and hands "
+                                                        "each worker env://; leave init_method at env")
+    backend = r.choice(get("backend"), "job.backend", ("gloo", "nccl")) if get("backend") is not None else "gloo"
+    timeout = r.duration(get("timeout"), "job.timeout") if get("timeout") is not None else 1800.0
+    time_limit = r.duration(get("time_limit"), "job.time_limit") if get("time_limit") is not None else None
+    shared_dir = _read_shared_dir(r, get("shared_dir"))
+    if init_method == "file" and shared_dir is None and not any(p.key == "job.shared_dir" for p in r.problems):
+        r.error(get("init_method"), "job.init_method",
+                "init_method: file needs job.shared_dir, a folder every host sees at the same path")
+    setup = tuple(r.string_list(get("setup"), "job.setup", nonempty=True)) if get("setup") is not None else ()
+    restarts = r.integer(get("restarts"), "job.restarts", 0, 1000) if get("restarts") is not None else 0
+    min_nodes = r.integer(get("min_nodes"), "job.min_nodes", 1, 4096) if get("min_nodes") is not None else None
+    delay = r.duration(get("restart_delay"), "job.restart_delay", zero=True) \
+        if get("restart_delay") is not None else 5.0
+    checkpoint_dir = read_absolute(r, get("checkpoint_dir"), "job.checkpoint_dir",
+                                    "must be an absolute path on the hosts (a shared folder, or one on each)")
+    exclude = tuple(r.string_list(get("exclude"), "job.exclude")) if get("exclude") is not None else ()
+    return Job(root=root, script=script, args=args, sync=tuple(_read_sync(r, get("sync"), root)),
+               exclude=DEFAULT_EXCLUDES + exclude, init_method=init_method or "env", backend=backend or "gloo",
+               timeout_s=timeout or 1800.0, time_limit_s=time_limit, shared_dir=shared_dir, module=module,
+               rank_flags=launcher == "python" if rank_flags is None else rank_flags, launcher=launcher,
+               setup=setup, restarts=restarts or 0, min_nodes=min_nodes, restart_delay_s=5.0 if delay is None else delay,
+               checkpoint_dir=checkpoint_dir)
+
+
+def _read_module(r: NodeReader, node: Optional[yaml.Node], has_script: bool) -> Optional[str]:
+    if node is None:
+        return None
+    value = r.string(node, "job.module", pattern=MODULE_RE, what="Python module name (pkg.train)")
+    if value is not None and has_script:
+        r.error(node, "job.module", "give job.script or job.module, not both")
+        return None
+    return value
+
+
+def _read_sync(r: NodeReader, node: Optional[yaml.Node], root: str) -> List[str]:
+    sync: List[str] = []
+    if node is not None:
+        for i, value in enumerate(r.string_list(node, "job.sync")):
+            rel = _rel_job_path(r, node.value[i], f"job.sync[{i}]", value, root)
+            if rel is not None:
+                sync.append(rel + ("/" if value.endswith("/") and rel != "." else ""))
+    return sync
+
+
+def _read_shared_dir(r: NodeReader, node: Optional[yaml.Node]) -> Optional[str]:
+    return read_absolute(r, node, "job.shared_dir", "must be an absolute path that every host shares")
+
+
+def read_absolute(r: NodeReader, node: Optional[yaml.Node], key: str, why: str) -> Optional[str]:
+    if node is None:
+        return None
+    value = r.string(node, key)
+    if value is not None and not value.startswith("/"):
+        r.error(node, key, why)
+        return None
+    return value
+
+
+def entry_paths(job: Job) -> List[str]:
+    """What the job's entry point needs pushed, relative to the root: the script, or the module's top-level
+    package folder (or single file)."""
+    if job.module:
+        top = job.module.split(".")[0]
+        return [top if os.path.isdir(os.path.join(job.root, top)) else f"{top}.py"]
+    return [job.script] if job.script else []
+
+
+def _module_problem(job: Job) -> Optional[str]:
+    parts = job.module.split(".")
+    base = os.path.join(job.root, *parts)
+    if os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__main__.py")):
+        return None
+    return (f"job.module {job.module}: neither {base}.py nor {base}/__main__.py exists under the job root "
+            f"{job.root} (python -m runs in the pushed copy of the root)")
+
+
+def check_files(job: Job, where: str) -> None:
+    """The entry point and every sync path exist under the root, and no symlink leads out of it (where: the
+    inventory's path, for the message)."""
+    problems = []
+    if job.entry is None:
+        raise UsageError(f"{where}: no job script; give one with --script PATH or job.script (or job.module)")
+    root = os.path.realpath(job.root)
+    if job.module and _module_problem(job):
+        problems.append(_module_problem(job))
+    named = [("job.script", job.script)] if job.script else [("job.module", p) for p in entry_paths(job)]
+    for key, rel in named + [(f"job.sync[{i}]", s) for i, s in enumerate(job.sync)]:
+        full = os.path.join(job.root, rel)
+        if not os.path.lexists(full):
+            if key != "job.module":  # the module's own problem says it better
+                problems.append(f"{key}: {full} does not exist")
+            continue
+        real = os.path.realpath(full)
+        if real != root and not real.startswith(root + os.sep):
+            problems.append(f"{key}: {full} resolves to {real}, outside the job root {root} (symlink out of it)")
+        elif key == "job.script" and not os.path.isfile(real):
+            problems.append(f"{key}: {full} is not a file")
+    if problems:
+        raise UsageError(f"{where}: " + "\n  ".join(["job files are missing or unsafe:"] + problems))

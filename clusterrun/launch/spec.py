@@ -1,0 +1,39 @@
+"""What a host's start gets (pure): its ranks' argv and env, the grace, the time left, and how its
+supervisor joins the others (remote/host/peers.py). Secret values go in here and only here, on their
+way to the host's 0600 spec file."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from ..config.inventory import Inventory
+from ..plan import LaunchPlan, NodePlan, rank_env
+
+
+def host_spec(inv: Inventory, plan: LaunchPlan, node: NodePlan, secrets: Mapping[str, str], *,
+              time_left: Optional[float], peer_token: str, coordinator_port: Optional[int]) -> dict:
+    spec = {"run_id": plan.host_key, "node_rank": node.node_rank, "node": node.host.name,
+            "grace": inv.timeouts.grace, "fail_fast": True, "time_limit": time_left,
+            "secret_names": list(plan.secret_names),
+            "peers": peers(inv, plan, node, peer_token, coordinator_port),
+            "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": rank_env(plan, r, secrets)} for r in node.ranks]}
+    if node.torchrun:  # one torchrun for the host; the ranks are the ones expected here
+        values = {name: secrets[name] for name in plan.secret_names}
+        spec.update({"launcher": "torchrun", "command": list(node.torchrun), "entry": list(node.entry),
+                     "env": {**node.env, **values}, "ranks": [{"rank": r.rank} for r in node.ranks]})
+    return spec
+
+
+def peers(inv: Inventory, plan: LaunchPlan, node: NodePlan, token: str, coordinator_port: Optional[int]) -> dict:
+    """How this host's supervisor keeps the run's promises with the others when no controller watches:
+    rank 0's coordinates (its answer to the start names its port), the others join it."""
+    if len(plan.nodes) < 2:
+        return {}
+    t = inv.timeouts
+    common = {"token": token, "host_lost": t.host_lost, "join_timeout": t.command + t.host_lost}
+    if node.node_rank == 0:
+        return {**common, "coordinator": True, "expect": [n.node_rank for n in plan.nodes[1:]],
+                "ipv6": ":" in plan.master_addr}
+    if coordinator_port is None:
+        return {}
+    return {**common, "addr": plan.master_addr, "port": coordinator_port}
