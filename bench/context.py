@@ -37,7 +37,7 @@ class Context:
         return [sys.executable, "-m", "clusterrun", *map(str, args)]
 
     def env(self) -> Dict[str, str]:
-        env = dict(os.environ, CLUSTERRUN_HOME=str(self.state), NO_COLOR="1")
+        env = dict(os.environ, CLUSTERRUN_HOME=str(self.state), NO_COLOR="1", CLUSTERRUN_NO_RETENTION="1")
         if self.clusterrun_src:
             env["PYTHONPATH"] = str(self.clusterrun_src)
         return env

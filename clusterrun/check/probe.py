@@ -18,9 +18,9 @@ from typing import List, Optional, Sequence, Tuple
 from ..errors import CommandTimeout, ConnectError, HostError
 from ..transport import Stream, StreamClosed, Transport
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "remote", "probe.py")
-with open(_PATH, "rb") as _fh:
-    PROBE_SOURCE: bytes = _fh.read()
+_REMOTE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "remote")
+with open(os.path.join(_REMOTE, "probe.py"), "rb") as _fh, open(os.path.join(_REMOTE, "torch_probe.py"), "rb") as _th:
+    PROBE_SOURCE: bytes = b"TORCH_SNIPPET = " + repr(_th.read().decode()).encode() + b"\n" + _fh.read()
 
 # Stops the listener by pid only while that pid still runs the listener we started (its argv holds a
 # random tag), so a pid reused in the meantime is never signalled.

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import EXIT_CONNECT, EXIT_OK, AuthError, HostError, HostKeyChanged, HostKeyUnknown
+from ..config.sizes import size_text
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 CHECKS = ("ssh", "python", "torch", "cuda", "port", "connect", "iface", "disk", "shared", "clock")
@@ -75,14 +76,6 @@ class CheckProblem:
     status: str  # warn | fail
     detail: str
     hint: str = ""
-
-
-def size_text(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 def hosts_text(names: Sequence[str]) -> str:
@@ -270,22 +263,37 @@ def disk_result(disk: Mapping, push_bytes: Optional[int], push_error: str = "") 
     if "error" in disk:
         return CheckResult("disk", FAIL, f"cannot look at {disk['path']}: {disk['error']}", "", "error")
     free = int(disk["free"])
-    data = {"free": free, "push_bytes": push_bytes, "path": disk["path"]}
+    data = {"free": free, "push_bytes": push_bytes, "path": disk["path"], "total": disk.get("total"),
+            "usage": disk.get("usage")}
     where = disk["path"] if disk.get("exists") else f"{disk['checked']} (for {disk['path']})"
     if not disk.get("writable"):
         return CheckResult("disk", FAIL, f"{where} is not writable", "point workdir: at a folder this user owns",
                            "read-only", data)
     if push_bytes is None:
         why = f"push size unknown: {push_error}" if push_error else "no job script: push size not known"
-        return CheckResult("disk", WARN if push_error else OK, f"{size_text(free)} free in {where}; {why}", "",
+        return CheckResult("disk", WARN if push_error else OK, f"{size_text(free)} free in {where}{kept_text(disk)}; {why}", "",
                            size_text(free), data)
-    text = f"{size_text(free)} free in {where}, the push is {size_text(push_bytes)}"
+    text = f"{size_text(free)} free in {where}{kept_text(disk)}, the push is {size_text(push_bytes)}"
+    total = int(disk.get("total") or 0)
     if free < push_bytes:
         return CheckResult("disk", FAIL, text, "free space there, or set workdir: to a bigger disk", "full", data)
+    hint = "`clusterrun clean INVENTORY --keep N --cache` removes old runs there (README \"Keeping hosts clean\"), " \
+        "or set workdir: to a bigger disk"
     if free < push_bytes * 2 + DISK_SPARE:
-        return CheckResult("disk", WARN, text + ": little room left for logs and checkpoints",
-                           "free space there, or set workdir: to a bigger disk", size_text(free), data)
+        return CheckResult("disk", WARN, text + ": little room left for logs and checkpoints", hint, size_text(free),
+                           data)
+    if total and free < total * 0.10:
+        return CheckResult("disk", WARN, text + f": under 10% of {size_text(total)} free", hint, size_text(free), data)
     return CheckResult("disk", OK, text, "", size_text(free), data)
+
+
+def kept_text(disk: Mapping) -> str:
+    """" (runs: 12 using 1.2 GB, cache 3.4 GB)" from the probe's workdir usage, "" when unknown."""
+    usage = disk.get("usage") or {}
+    if not usage or not (usage.get("runs") or usage.get("cache_bytes")):
+        return ""
+    return (f" (runs: {usage.get('runs', 0)} using {size_text(usage.get('runs_bytes', 0))}, "
+            f"cache {size_text(usage.get('cache_bytes', 0))})")
 
 
 def port_text(port: Mapping, wanted: Optional[int], host: str) -> CheckResult:

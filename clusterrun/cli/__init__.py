@@ -27,12 +27,13 @@ def group() -> None:
 
 def _register() -> None:
     from .check import check
+    from .clean import clean
     from .execute import execute
     from .launch import launch
     from .runs import logs, ps, stop
     from .sweep import sweep
 
-    for command in (launch, ps, logs, stop, check, execute, sweep):
+    for command in (launch, ps, logs, stop, check, execute, sweep, clean):
         group.add_command(command)
 
 

@@ -75,10 +75,21 @@ def _launch(inv: Inventory, run_id: str, secrets: dict, detach: bool) -> int:
     from ..states import RunState
     from ..ui.run_view import RunView
 
+    from ..events import Phase
+    from .clean import spawn_retention
+
     registry = store()
     view = RunView(secrets=secrets.values())
+    retention = [inv.retention.enabled and not os.environ.get("CLUSTERRUN_NO_RETENTION")]
+
+    def emit(ev: object) -> None:
+        view.handle(ev)
+        if isinstance(ev, Phase) and ev.name == "run" and retention[0]:
+            retention[0] = False  # once the ranks run: the hosts' other runs, in the background
+            spawn_retention(inv.path)
+
     runner = Runner(inv, run_id, store=registry, connect=make_connect(inv.timeouts), secrets=secrets,
-                    emit=view.handle, detach=detach, hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
+                    emit=emit, detach=detach, hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
     view.err.print(Text(f"run {run_id}: {sum(h.slots for h in inv.hosts)} ranks on {len(inv.hosts)} hosts",
                         style="bold"))
     try:
@@ -86,6 +97,8 @@ def _launch(inv: Inventory, run_id: str, secrets: dict, detach: bool) -> int:
             outcome = runner.run()
     finally:
         view.close()
+    if detach and outcome.state is RunState.RUNNING and retention[0]:
+        spawn_retention(inv.path)
     view.outcome(outcome)
     if detach and outcome.state is RunState.RUNNING:
         click.echo(run_id)

@@ -24,7 +24,8 @@ def _complete_runs(ctx, param, incomplete):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-n", "--last", default=20, show_default=True, help="How many runs to list.")
 @click.option("--no-reconcile", is_flag=True, help="Only read the registry; do not ask hosts.")
-def ps(as_json: bool, last: int, no_reconcile: bool) -> int:
+@click.option("--disk", is_flag=True, help="Also the bytes each run keeps on its hosts (logs, outputs).")
+def ps(as_json: bool, last: int, no_reconcile: bool, disk: bool) -> int:
     """List runs; runs whose controller is gone are brought up to date by asking their hosts."""
     from ..registry.runs import reconcile
 
@@ -36,15 +37,49 @@ def ps(as_json: bool, last: int, no_reconcile: bool) -> int:
         if not no_reconcile and (not record.terminal or record.cleanup_pending):
             record, problems = reconcile(registry, run_id, connect_for(record))
         records.append((record, problems))
+    usage = _disk_usage(registry, [r.id for r, _ in records]) if disk else None
     if as_json:
-        click.echo(json.dumps([{**r.to_json(), "unreachable": {k: str(v) for k, v in p.items()}}
+        click.echo(json.dumps([{**r.to_json(), "unreachable": {k: str(v) for k, v in p.items()},
+                                **({"disk": usage.get(r.id)} if usage is not None else {})}
                                for r, p in records], indent=2))
         return EXIT_OK
     from ..ui.console import console
     from ..ui.tables import show_runs
 
-    show_runs(records, console(stderr=False))
+    show_runs(records, console(stderr=False), usage)
     return EXIT_OK
+
+
+def _disk_usage(registry, run_ids: Sequence[str]) -> dict:
+    """run id → {bytes (files only the run links: logs, outputs), job_bytes (its links into the cache),
+    hosts: {name: bytes}, removed_from: [hosts `clean` removed it from]}; asked of every host once."""
+    from ..clean.run import hosts_of_runs
+    from ..config.inventory import Timeouts
+    from ..hosts.client import make_connect
+    from ..hosts.group import fan_out
+
+    hosts = hosts_of_runs(registry, run_ids)
+    connect = make_connect(Timeouts())
+
+    def listing(host):
+        client = connect(host)
+        try:
+            return client.runs()
+        finally:
+            client.close()
+
+    asked = fan_out(hosts, listing, key=lambda h: id(h), name=lambda h: h.name, thread_name="disk")
+    wanted = set(run_ids)
+    out = {run_id: {"bytes": 0, "job_bytes": 0, "hosts": {}, "removed_from": sorted(registry.cleaned(run_id))}
+           for run_id in run_ids}
+    for host in hosts:
+        for entry in (asked.results.get(id(host)) or {}).get("runs", []):
+            if entry["id"] in wanted:
+                cell = out[entry["id"]]
+                cell["bytes"] += entry["bytes"]
+                cell["job_bytes"] += entry["job_bytes"]
+                cell["hosts"][host.name] = entry["bytes"]
+    return out
 
 
 @click.command()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
@@ -19,6 +19,7 @@ import yaml
 from ..errors import InventoryError, Problem, UsageError
 from . import placeholders
 from .hostfile import HOSTNAME_RE, looks_like_hostfile, parse_hostfile
+from .sizes import parse_size
 from .job import DEFAULT_EXCLUDES, JOB_KEYS, MODULE_RE, Job, check_files, entry_paths, read_job
 
 __all__ = ["DEFAULT_EXCLUDES", "JOB_KEYS", "Host", "Inventory", "Job", "Timeouts", "check_job_files", "entry_paths",
@@ -30,7 +31,8 @@ HOST_KEYS = ("user", "port", "identity_file", "known_hosts", "host_key_policy", 
              "connection", "env", "proxy_jump", "slots")
 HOST_ONLY_KEYS = ("name", "host", "addr")
 TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace", "setup")
-TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts")
+TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts", "retention")
+RETENTION_KEYS = ("keep_runs", "max_age", "cache_max")
 
 # What may reach an SSH command line or a file name is held to plain characters; everything else (env
 # values, script args) is passed byte-exact through JSON and never seen by a shell.
@@ -75,6 +77,16 @@ class Timeouts:
 
 
 @dataclass(frozen=True)
+class Retention:
+    """What each host keeps after a launch (README "Keeping hosts clean"); None: that rule is off."""
+
+    keep_runs: Optional[int] = 20  # newest finished runs of this registry kept per host
+    max_age_s: Optional[float] = 30 * 86400.0  # finished runs older than this go
+    cache_max: Optional[int] = 20 * 10 ** 9  # the content cache is collected down to this many bytes
+    enabled: bool = True  # `retention: off`: nothing is removed after a launch
+
+
+@dataclass(frozen=True)
 class Inventory:
     path: str
     hosts: Tuple[Host, ...]
@@ -83,6 +95,7 @@ class Inventory:
     secrets: Tuple[str, ...]
     timeouts: Timeouts = field(default_factory=Timeouts)
     master_port_fixed: bool = False  # the inventory names the port (kept on restarts; else one afresh)
+    retention: Retention = field(default_factory=Retention)
 
 
 def _read_host_settings(r: NodeReader, entries: Dict[str, Tuple[yaml.Node, yaml.Node]], key: str) -> dict:
@@ -158,6 +171,7 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
     secrets = tuple(r.string_list(top["secrets"][1], "secrets", pattern=ENV_NAME_RE,
                                   what="environment variable name")) if "secrets" in top else ()
     timeouts = _read_timeouts(r, top["timeouts"][1]) if "timeouts" in top else Timeouts()
+    retention = _read_retention(r, top["retention"][1]) if "retention" in top else Retention()
     if job.min_nodes is not None and hosts and job.min_nodes > len(hosts):
         node = next(v for k, v in top["job"][1].value if k.value == "min_nodes")
         r.error(node, "job.min_nodes", f"is {job.min_nodes}, but the inventory has {len(hosts)} hosts")
@@ -166,7 +180,8 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
     fixed = master_port is not None and "master" in top and \
         any(k.value == "port" for k, _ in getattr(top["master"][1], "value", ()) if hasattr(k, "value"))
     return _checked(Inventory(path=file, hosts=tuple(hosts), master_port=master_port, job=job,
-                              secrets=secrets, timeouts=timeouts, master_port_fixed=fixed), file)
+                              secrets=secrets, timeouts=timeouts, master_port_fixed=fixed,
+                              retention=retention), file)
 
 
 def _read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, local_python: str,
@@ -210,6 +225,28 @@ def _read_master(r: NodeReader, node: yaml.Node) -> Optional[int]:
     if isinstance(pnode, yaml.ScalarNode) and pnode.tag == STR_TAG and pnode.value == "auto":
         return None
     return r.integer(pnode, "master.port", 1, 65535)
+
+
+def _read_retention(r: NodeReader, node: yaml.Node) -> Retention:
+    """`retention: off`, or a mapping of keep_runs, max_age, cache_max (each `off` to drop that rule)."""
+    if isinstance(node, yaml.ScalarNode) and node.value in ("off", "false", "no") or \
+            isinstance(node, yaml.ScalarNode) and node.tag.endswith(":bool") and not yaml.safe_load(node.value):
+        return Retention(enabled=False)
+    entries = r.mapping(node, "retention", RETENTION_KEYS)
+    values: dict = {}
+    for key, (_, v) in entries.items():
+        if isinstance(v, yaml.ScalarNode) and v.value in ("off", "none", "null", "~", ""):
+            values[{"max_age": "max_age_s"}.get(key, key)] = None
+        elif key == "keep_runs":
+            values["keep_runs"] = r.integer(v, "retention.keep_runs", 0, 1_000_000)
+        elif key == "max_age":
+            values["max_age_s"] = r.duration(v, "retention.max_age")
+        else:
+            size = parse_size(v.value) if isinstance(v, yaml.ScalarNode) else None
+            if size is None:
+                r.error(v, "retention.cache_max", "expected a size such as 20G, 500M or 4096 (bytes), or off")
+            values["cache_max"] = size
+    return Retention(**values)
 
 
 def _read_timeouts(r: NodeReader, node: yaml.Node) -> Timeouts:
@@ -296,12 +333,18 @@ def check_job_files(inv: Inventory) -> None:
     check_files(inv.job, inv.path)
 
 
+def inventory_snapshot(inv: Inventory) -> dict:
+    """The inventory as recorded with a run: enough to reach the hosts again; secret names only."""
+    return asdict(inv)
+
+
 def inventory_from_snapshot(data: dict) -> Inventory:
-    """The Inventory recorded with a run (see runner.inventory_snapshot), to reach its hosts again."""
+    """The Inventory recorded with a run (inventory_snapshot), to reach its hosts again."""
     job = dict(data["job"])
     for key in ("args", "sync", "exclude", "setup"):
         if key in job:
             job[key] = tuple(job[key])
     return Inventory(path=data["path"], hosts=tuple(Host(**h) for h in data["hosts"]),
                      master_port=data["master_port"], job=Job(**job), secrets=tuple(data["secrets"]),
-                     timeouts=Timeouts(**data["timeouts"]), master_port_fixed=data.get("master_port_fixed", False))
+                     timeouts=Timeouts(**data["timeouts"]), master_port_fixed=data.get("master_port_fixed", False),
+                     retention=Retention(**data.get("retention", {})))

@@ -26,7 +26,7 @@ SEQ = "tag:yaml.org,2002:seq"
 _TYPE_NAMES = {STR: "a string", INT: "an integer", FLOAT: "a number", BOOL: "a YAML boolean",
                NULL: "nothing (null)", MAP: "a mapping", SEQ: "a list"}
 
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
 
 
 def describe(node: yaml.Node) -> str:
@@ -38,7 +38,7 @@ def describe(node: yaml.Node) -> str:
 
 
 def parse_duration(text: str) -> Optional[float]:
-    """Seconds in `90`, `90s`, `30m`, `2h`, `1h30m`; None if it is not a duration."""
+    """Seconds in `90`, `90s`, `30m`, `2h`, `1h30m`, `7d`; None if it is not a duration."""
     text = text.strip()
     try:
         return float(text)
@@ -47,8 +47,8 @@ def parse_duration(text: str) -> Optional[float]:
     m = _DURATION.match(text)
     if not m or not any(m.groups()):
         return None
-    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-    return h * 3600 + mi * 60 + s
+    d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+    return d * 86400 + h * 3600 + mi * 60 + s
 
 
 class NodeReader:

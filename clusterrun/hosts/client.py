@@ -105,6 +105,15 @@ class HostClient:
     def probe(self) -> dict:
         return self.call("probe")
 
+    def runs(self) -> dict:
+        """Every run folder on this host: status (running, finished, receiving, unstarted), bytes, log
+        sizes; the cache's size and the free space (remote/host/clean.py)."""
+        return self.call("runs", timeout=self.timeouts.command * 4)
+
+    def clean(self, request: dict) -> dict:
+        """Remove the run folders named (each re-checked there), collect the cache; what was freed."""
+        return self.call("clean", stdin=json.dumps(request).encode(), timeout=self.timeouts.command * 4 + 120)
+
     def status(self, run_id: str) -> dict:
         return self.call("status", run_id)
 

@@ -11,10 +11,10 @@ from secrets import token_hex
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from ..config.inventory import Host, Inventory
+from ..config.inventory import Host, Inventory, inventory_snapshot
 from ..errors import ClusterrunError, ConnectError, HostsFailed
 from ..events import HostDone, HostProgress, Notice, Phase
 from ..hosts.client import HeldPush, HostClient
@@ -35,11 +35,6 @@ Connect = Callable[[Host], HostClient]
 
 class Interrupted(Exception):
     pass
-
-
-def inventory_snapshot(inv: Inventory) -> dict:
-    """The inventory as recorded with the run: enough to reach the hosts again; secret names only."""
-    return asdict(inv)
 
 
 class Runner:
@@ -143,8 +138,13 @@ class Runner:
         return restarts.run_attempts(
             self.inv, plan, outcome, start=self._next, elapsed=self._elapsed, emit=self._emit,
             interrupted=lambda: bool(self._interrupts),
-            archive=lambda dropped: self.store.archive_attempt(self.run_id, list(dropped)),
+            archive=self._archive,
             interrupt=lambda why: self._finish(RunState.INTERRUPTED, RunState.INTERRUPTED.exit_code, why))
+
+    def _archive(self, dropped: Tuple[str, ...]) -> None:
+        """The attempt that ended goes to the history; the run is running again (`clean` leaves it be)."""
+        self.store.archive_attempt(self.run_id, list(dropped))
+        self.store.update_run(self.run_id, state=RunState.RUNNING, exit_code=None, ended_at=None)
 
     def _next(self, nxt: restarts.NextAttempt) -> Tuple[LaunchPlan, RunOutcome]:
         """Start attempt K over the hosts still there (rank 0's host first) and follow it; a host that

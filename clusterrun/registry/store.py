@@ -23,6 +23,7 @@ from ..errors import RunNotFound, UsageError
 from ..outcome import RankResult, exit_state
 from ..remote.host.procs import start_ticks
 from ..states import Cleanup, HostState, RankState, RunState
+from .history import AttemptRecord, History, rank_json
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -36,6 +37,9 @@ CREATE TABLE IF NOT EXISTS hosts (
 CREATE TABLE IF NOT EXISTS ranks (
   run_id TEXT, rank INTEGER, node_rank INTEGER, host TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
   started_at REAL, ended_at REAL, pid INTEGER, note TEXT, stop_reason TEXT, PRIMARY KEY (run_id, rank));
+CREATE TABLE IF NOT EXISTS tombstones (
+  id TEXT PRIMARY KEY, state TEXT, exit_code INTEGER, created_at REAL, ended_at REAL, removed_at REAL);
+CREATE TABLE IF NOT EXISTS cleaned (run_id TEXT, host TEXT, at REAL, bytes INTEGER, PRIMARY KEY (run_id, host));
 CREATE TABLE IF NOT EXISTS attempts (
   run_id TEXT, attempt INTEGER, started_at REAL, ended_at REAL, hosts TEXT, world_size INTEGER, state TEXT,
   exit_code INTEGER, reason TEXT, dropped TEXT, plan TEXT, ranks TEXT, PRIMARY KEY (run_id, attempt));
@@ -99,35 +103,6 @@ class HostRecord:
                 "push_seconds": self.push_seconds, "restarts": self.restarts}
 
 
-def rank_json(r: RankResult) -> dict:
-    return {"rank": r.rank, "node_rank": r.node_rank, "host": r.host, "state": RankState(r.state).value,
-            "exit_code": r.exit_code, "signal": r.signal, "started_at": r.started_at, "ended_at": r.ended_at,
-            "note": r.note or None, "stop_reason": r.stop_reason or None, "result": r.describe()}
-
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    """One finished attempt of a run that restarts (job.restarts): where it ran and how it ended."""
-
-    attempt: int
-    started_at: Optional[float]
-    ended_at: Optional[float]
-    hosts: Tuple[str, ...]
-    world_size: int
-    state: RunState
-    exit_code: Optional[int]
-    reason: str
-    dropped: Tuple[str, ...]  # hosts of the attempt before that this one went on without, with why
-    plan: Dict[str, Any]
-    ranks: Tuple[RankResult, ...]
-
-    def to_json(self) -> dict:
-        return {"attempt": self.attempt, "started_at": self.started_at, "ended_at": self.ended_at,
-                "hosts": list(self.hosts), "world_size": self.world_size, "state": self.state.value,
-                "exit_code": self.exit_code, "reason": self.reason, "dropped": list(self.dropped),
-                "ranks": [rank_json(r) for r in self.ranks]}
-
-
 @dataclass(frozen=True)
 class RunRecord:
     id: str
@@ -165,7 +140,7 @@ class RunRecord:
                 "attempts": [a.to_json() for a in self.attempts]}
 
 
-class RunStore:
+class RunStore(History):
     def __init__(self, home: Optional[str] = None):
         self.home = home or state_dir()
         os.makedirs(self.home, mode=0o700, exist_ok=True)
@@ -330,43 +305,3 @@ class RunStore:
         """Where the local copy of a rank's log is (or would be); makes nothing."""
         parts = [self.home, "runs", run_id] + ([f"attempt-{attempt}"] if attempt else [])
         return os.path.join(*parts, f"rank-{rank}.log")
-
-    # -------------------------------------------------------------- attempts (job.restarts)
-
-    def archive_attempt(self, run_id: str, dropped: List[str] = ()) -> None:
-        """Keep the current attempt (its plan, hosts, ranks and end) in the attempts table."""
-        record = self.get(run_id)
-        ranks = json.dumps([rank_json(r) for r in record.ranks])
-        hosts = json.dumps([n["name"] for n in record.plan.get("nodes", [])])
-        started = min((r.started_at for r in record.ranks if r.started_at), default=record.created_at)
-        with self._lock, self._db:
-            self._db.execute("INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (run_id, record.attempt, started, time.time(), hosts,
-                              record.plan.get("world_size"), record.state.value, record.exit_code, record.reason,
-                              json.dumps(list(dropped)), json.dumps(record.plan), ranks))
-
-    def begin_attempt(self, run_id: str, attempt: int, plan: dict, ranks: List[dict]) -> None:
-        """The next attempt: its plan, and its ranks (renumbered over the hosts still there), pending."""
-        with self._lock, self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("DELETE FROM ranks WHERE run_id = ?", (run_id,))
-            for r in ranks:
-                self._db.execute("INSERT INTO ranks (run_id, rank, node_rank, host, state) "
-                                 "VALUES (?, ?, ?, ?, 'pending')", (run_id, r["rank"], r["node_rank"], r["host"]))
-            self._db.execute("UPDATE runs SET attempt = ?, plan = ?, state = 'running', exit_code = NULL, "
-                             "reason = NULL, ended_at = NULL WHERE id = ?", (attempt, json.dumps(plan), run_id))
-
-    def _attempts(self, run_id: str) -> Tuple[AttemptRecord, ...]:
-        rows = self._db.execute("SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,)).fetchall()
-        out = []
-        for a in rows:
-            ranks = tuple(RankResult(rank=r["rank"], node_rank=r["node_rank"], host=r["host"],
-                                     state=RankState(r["state"]), exit_code=r["exit_code"], signal=r["signal"],
-                                     started_at=r["started_at"], ended_at=r["ended_at"],
-                                     log_path=self.log_file(run_id, r["rank"], a["attempt"]),
-                                     note=r.get("note") or "", stop_reason=r.get("stop_reason") or "")
-                          for r in json.loads(a["ranks"] or "[]"))
-            out.append(AttemptRecord(a["attempt"], a["started_at"], a["ended_at"], tuple(json.loads(a["hosts"])),
-                                     a["world_size"] or 0, RunState(a["state"]), a["exit_code"], a["reason"] or "",
-                                     tuple(json.loads(a["dropped"] or "[]")), json.loads(a["plan"] or "{}"), ranks))
-        return tuple(out)

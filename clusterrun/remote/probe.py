@@ -30,49 +30,7 @@ SIOCGIFFLAGS = 0x8913
 IFF_UP = 0x1
 IFF_RUNNING = 0x40
 
-# Run in a child so that a torch that hangs (CUDA init) or crashes (ABI mismatch) still leaves the
-# other facts; torchvision gets its own line because importing it can fail in ways torch does not.
-TORCH_SNIPPET = r"""
-import json, sys
-out = {}
-try:
-    import torch
-except BaseException as exc:
-    out["error"] = "%s: %s" % (type(exc).__name__, exc)
-    print(json.dumps(out)); sys.exit(0)
-out["version"] = torch.__version__
-out["cuda_build"] = getattr(torch.version, "cuda", None)
-try:
-    out["cuda"] = bool(torch.cuda.is_available())
-    out["devices"] = torch.cuda.device_count() if out["cuda"] else 0
-    out["device_names"] = [torch.cuda.get_device_name(i) for i in range(min(out["devices"], 8))]
-except Exception as exc:
-    out["cuda"], out["devices"], out["cuda_error"] = False, 0, "%s: %s" % (type(exc).__name__, exc)
-try:
-    import torch.distributed as dist
-    out["dist"] = bool(dist.is_available())
-    out["gloo"] = bool(out["dist"] and dist.is_gloo_available())
-    out["nccl"] = bool(out["dist"] and dist.is_nccl_available())
-except Exception as exc:
-    out["dist"], out["dist_error"] = False, "%s: %s" % (type(exc).__name__, exc)
-if out.get("nccl") and out.get("cuda"):
-    try:
-        v = torch.cuda.nccl.version()
-        out["nccl_version"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    except Exception:
-        pass
-print(json.dumps(out)); sys.stdout.flush()
-vision = {}
-try:
-    import torchvision
-    vision["torchvision"] = torchvision.__version__
-except ImportError as exc:
-    if getattr(exc, "name", None) != "torchvision":
-        vision["torchvision_error"] = "%s: %s" % (type(exc).__name__, exc)
-except Exception as exc:
-    vision["torchvision_error"] = "%s: %s" % (type(exc).__name__, exc)
-print(json.dumps(vision))
-"""
+# TORCH_SNIPPET (remote/torch_probe.py, run in a child) is put in front of this source with OPTIONS.
 
 
 def say(obj):
@@ -108,7 +66,25 @@ def disk_facts(workdir):
     except OSError as exc:
         return {"path": path, "error": error_text(exc)}
     return {"path": path, "exists": os.path.isdir(path), "checked": where, "free": usage.free,
-            "total": usage.total, "writable": os.access(where, os.W_OK | os.X_OK)}
+            "total": usage.total, "writable": os.access(where, os.W_OK | os.X_OK), "usage": workdir_usage(path)}
+
+
+def workdir_usage(path):
+    """Run folders (their number; bytes of files only they link: logs, outputs) and the content cache."""
+    runs, out = os.path.join(path, "runs"), {"runs": 0, "runs_bytes": 0, "cache_bytes": 0}
+    out["runs"] = sum(1 for n in os.listdir(runs) if not n.startswith(".")) if os.path.isdir(runs) else 0
+    for key, folder in (("runs_bytes", runs), ("cache_bytes", os.path.join(path, "cache", "objects"))):
+        for root, _dirs, files in os.walk(folder):
+            for st in (_lstat(os.path.join(root, name)) for name in files):
+                out[key] += st.st_size if st and (key == "cache_bytes" or st.st_nlink == 1) else 0
+    return out
+
+
+def _lstat(path):
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
 
 
 def interfaces():
@@ -202,7 +178,7 @@ def shared_facts(opts):
 def start_torch(env):
     child_env = dict(os.environ)
     child_env.update(env or {})
-    return subprocess.Popen([sys.executable, "-c", TORCH_SNIPPET], stdin=subprocess.DEVNULL,
+    return subprocess.Popen([sys.executable, "-c", globals()["TORCH_SNIPPET"]], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env)
 
 

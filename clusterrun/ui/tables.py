@@ -46,10 +46,15 @@ def show_plan(plan: LaunchPlan, out: Console, routes: Optional[Dict[str, str]] =
     out.print(Text("dry run: nothing was connected to, pushed or started", style="dim"))
 
 
-def show_runs(records: Sequence[Tuple[RunRecord, Dict[str, HostError]]], out: Console) -> None:
-    """`ps`: one row per run, newest first; the note says what is pending or could not be asked."""
+def show_runs(records: Sequence[Tuple[RunRecord, Dict[str, HostError]]], out: Console,
+              disk: Optional[Dict[str, dict]] = None) -> None:
+    """`ps`: one row per run, newest first; the note says what is pending or could not be asked; with
+    disk (`ps --disk`), the bytes each run keeps on its hosts."""
+    from ..config.sizes import size_text
+
     table = Table(title_justify="left")
-    for col in ("run", "state", "hosts", "ranks", "started", "duration", "exit", "note"):
+    for col in ("run", "state", "hosts", "ranks", "started", "duration", "exit") + (("disk",) if disk else ()) + \
+            ("note",):
         table.add_column(col)
     for record, problems in records:  # hosts and ranks: the current attempt's (a restart may drop hosts)
         ended = record.ended_at or time.time()
@@ -64,11 +69,15 @@ def show_runs(records: Sequence[Tuple[RunRecord, Dict[str, HostError]]], out: Co
         state = record.state.value
         if record.restarts:  # job.restarts: which attempt, of how many the run may make
             state += f" ({record.attempt + 1}/{record.restarts + 1})"
+        cells = []
+        if disk:
+            d = disk.get(record.id) or {}
+            cells = ["removed" if not d.get("hosts") and d.get("removed_from") else size_text(d.get("bytes", 0))]
         table.add_row(record.id, state, str(len(record.plan.get("nodes", record.hosts))),
                       str(len(record.ranks)),
                       time.strftime("%m-%d %H:%M:%S", time.localtime(record.created_at)),
                       f"{ended - record.created_at:.0f} s", "" if record.exit_code is None else str(record.exit_code),
-                      Text(note[:120]))
+                      *cells, Text(note[:120]))
     out.print(table)
 
 
@@ -144,3 +153,42 @@ def show_exec(outputs, failed: Dict[str, str], logs, err: Console) -> None:
     for host, why in failed.items():
         table.add_row(host, "-", Text(why[:150]))
     err.print(table)
+
+
+def show_clean(results, rules: str, dry_run: bool, out: Console) -> None:
+    """`clean`: per host what went (or would), what the cache gave back, what stayed and why, free space."""
+    from ..config.sizes import size_text
+
+    table = Table(title=("would remove" if dry_run else "removed") + f" ({rules})", title_justify="left")
+    for col in ("host", "runs", "freed", "cache", "kept", "free now"):
+        table.add_column(col)
+    for h in results:
+        if h.error is not None:
+            table.add_row(h.host, Text(str(h.error), style="red"), "", "", "", "")
+            continue
+        kept = [d for d in h.decisions if not d.remove]
+        reasons: Dict[str, int] = {}
+        for d in kept:
+            reasons[d.why.split(":")[0]] = reasons.get(d.why.split(":")[0], 0) + 1
+        cache = h.cache or {}
+        cache_text = "busy (a push held it)" if cache.get("busy") else \
+            (f"{cache.get('removed', 0)} objects, {size_text(cache.get('bytes', 0))}" if h.cache else "-")
+        free = h.usage.get("free")
+        table.add_row(h.host, str(len(h.removed)), size_text(h.freed), cache_text,
+                      "; ".join(f"{n} {why}" for why, n in sorted(reasons.items())) or "0",
+                      "-" if free is None else f"{size_text(free)} of {size_text(h.usage.get('total', 0))}")
+    out.print(table)
+    for h in results:
+        for r in h.refused:
+            out.print(Text(f"{h.host}: {r['id']}: refused: {r['why']}", style="bold red"))
+    if dry_run:
+        out.print(Text("dry run: nothing was removed", style="dim"))
+
+
+def show_local_clean(done: Sequence[Tuple[str, bool, str]], dry_run: bool, out: Console) -> None:
+    gone = [(i, w) for i, r, w in done if r]
+    verb = "would remove" if dry_run else "removed"
+    out.print(Text(f"{verb} {len(gone)} of {len(done)} runs from this machine's registry and log copies"
+                   + ("" if dry_run else " (each leaves a tombstone)")))
+    for run_id, why in gone:
+        out.print(Text(f"  {run_id}: {why}", style="dim"))

@@ -272,7 +272,9 @@ class CR:
     def __init__(self, cluster, tmp_path: Path, home: Path):
         self.cluster = cluster
         self.tmp = tmp_path
-        self.env = {**os.environ, "CLUSTERRUN_HOME": str(home), "NO_COLOR": "1"}
+        # retention (a background `clean` after each launch) only where a test asks for it: it would show up
+        # as a process of the test user in the orphan checks
+        self.env = {**os.environ, "CLUSTERRUN_HOME": str(home), "NO_COLOR": "1", "CLUSTERRUN_NO_RETENTION": "1"}
 
     def inventory(self, name: str = "inv.yaml", *, hosts: int | None = None, job: dict | None = None,
                   defaults: dict | None = None, top: dict | None = None, edit_hosts=None) -> Path:

@@ -120,6 +120,15 @@ def test_disk_against_the_push_size():
     assert disk_result({**disk, "free": 50 << 30}, None).status == "ok"  # no script: nothing to compare
 
 
+def test_disk_shows_what_clusterrun_keeps_and_warns_under_10_percent():
+    disk = {"path": "/w", "exists": True, "checked": "/w", "free": 50 << 30, "total": 1000 << 30, "writable": True,
+            "usage": {"runs": 12, "runs_bytes": 1_200_000_000, "cache_bytes": 3_400_000_000}}
+    low = disk_result(disk, 1_000_000)
+    assert low.status == "warn" and "under 10% of 1.1 TB free" in low.detail
+    assert "(runs: 12 using 1.2 GB, cache 3.4 GB)" in low.detail and "clusterrun clean" in low.hint
+    assert disk_result({**disk, "free": 200 << 30}, 1_000_000).status == "ok"
+
+
 def test_port_in_use_names_who_holds_it():
     taken = port_text({"free": False, "error": "EADDRINUSE Address already in use",
                        "holder": {"pid": 81, "command": "python3 -m http.server 29500", "user": "cr"}}, 29500, "node0")

@@ -6,9 +6,8 @@ import textwrap
 import pytest
 
 from clusterrun.errors import InventoryError, UsageError
-from clusterrun.config.inventory import (check_job_files, inventory_from_snapshot, load_inventory, parse_inventory,
+from clusterrun.config.inventory import (check_job_files, inventory_from_snapshot, inventory_snapshot, load_inventory, parse_inventory,
                                   with_overrides)
-from clusterrun.launch.runner import inventory_snapshot
 
 FULL = """\
 version: 1
@@ -183,3 +182,16 @@ def test_job_files_must_exist_and_not_link_out(tmp_path):
 def test_snapshot_round_trip():
     inv = parse(FULL)
     assert inventory_from_snapshot(inventory_snapshot(inv)) == inv
+
+
+def test_retention_defaults_off_and_values():
+    base = "version: 1\nhosts: [{host: a}]\njob: {script: t.py}\n"
+    r = parse_inventory(base, "/x/i.yaml").retention
+    assert (r.enabled, r.keep_runs, r.max_age_s, r.cache_max) == (True, 20, 30 * 86400, 20 * 10 ** 9)
+    assert not parse_inventory(base + "retention: off", "/x/i.yaml").retention.enabled
+    r = parse_inventory(base + "retention: {keep_runs: 3, max_age: 7d, cache_max: 500M}", "/x/i.yaml").retention
+    assert (r.keep_runs, r.max_age_s, r.cache_max) == (3, 7 * 86400, 500 * 10 ** 6)
+    assert parse_inventory(base + "retention: {cache_max: off}", "/x/i.yaml").retention.cache_max is None
+    with pytest.raises(InventoryError) as e:
+        parse_inventory(base + "retention: {cache_max: lots, keep: 2}", "/x/i.yaml")
+    assert "i.yaml:4:24: retention.cache_max" in str(e.value) and "retention.keep" in str(e.value)

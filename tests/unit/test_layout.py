@@ -18,7 +18,7 @@ PKG = Path(__file__).resolve().parents[2] / "clusterrun"
 CORE = ("clusterrun.config", "clusterrun.plan", "clusterrun.states", "clusterrun.errors", "clusterrun.events",
         "clusterrun.outcome")
 EDGES = ("clusterrun.launch", "clusterrun.hosts", "clusterrun.transport", "clusterrun.registry", "clusterrun.check",
-         "clusterrun.sweep", "clusterrun.cli", "clusterrun.ui", "clusterrun.remote")
+         "clusterrun.sweep", "clusterrun.clean", "clusterrun.cli", "clusterrun.ui", "clusterrun.remote")
 PRINTERS = ("clusterrun.cli", "clusterrun.ui")
 
 
@@ -156,5 +156,5 @@ def test_folder_list_shows_the_design():
     top = sorted(p.stem for p in PKG.glob("*.py"))
     assert top == ["__init__", "__main__", "errors", "events", "outcome", "plan", "states"], top
     packages = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").exists())
-    assert packages == ["check", "cli", "config", "hosts", "launch", "registry", "remote", "sweep", "transport",
+    assert packages == ["check", "clean", "cli", "config", "hosts", "launch", "registry", "remote", "sweep", "transport",
                         "ui"], packages

@@ -6,6 +6,7 @@ import socket
 import sys
 import time
 
+from .clean import cmd_clean, cmd_runs
 from .common import CAT_LIMIT, Fail, free_port, job_dir, reply, run_root, send_msg
 from .follow import cmd_follow
 from .receive import cmd_receive
@@ -77,6 +78,10 @@ def main(argv):
             return cmd_free_port()
         if command == "probe":
             return cmd_probe(workdir)
+        if command == "runs":
+            return cmd_runs(workdir)
+        if command == "clean":
+            return cmd_clean(workdir)
         raise Fail("unknown command %r" % command, "protocol")
     except Fail as exc:
         answer = {"error": str(exc), "kind": exc.kind, "path": exc.path}

@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 
+from .clean import LOCK_WAIT, cache_lock, hold_receiving
 from .common import CHUNK, Fail, free_port, read_msg, send_msg
 from .setup import run_setup
 from .supervise import start_run
@@ -170,11 +171,29 @@ class Push:
         self.created = []  # objects this push added to the cache
         self.received = 0  # object bytes read from the controller so far
         self.current = ""  # the path being written (named in an error)
+        self.lock = None  # the cache's lock, shared (clean.py)
         self._folders = set()  # folders known to exist: a makedirs per file was most of a small-file push
 
     def run(self):
         manifest = read_msg(self.stdin)
         files = manifest["files"]  # [relpath, sha256, size, executable]
+        # shared with other pushes, exclusive of a cache sweep (clean.py): from deciding what the cache has
+        # until every object is linked into the run folder
+        self.lock = cache_lock(self.workdir, exclusive=False, wait=LOCK_WAIT * 2)
+        if self.lock is None:
+            raise Fail("the content cache stayed locked (a `clusterrun clean --cache` on this host?)", "busy",
+                       self.cache)
+        try:
+            return self._run(manifest, files)
+        finally:
+            self.release()
+
+    def release(self):
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
+
+    def _run(self, manifest, files):
         missing = self.missing(files)
         need = sum(size for _, size, _ in missing)
         refusal = self.refusal(need)
@@ -194,6 +213,7 @@ class Push:
             send_msg(self.answer(exc))
             return 1
         self.index.flush()
+        self.release()  # every object is linked into the run folder now: a sweep leaves them be
         send_msg({"ok": True, "received": self.received, "objects": len(missing), "files": len(files)})
         if manifest.get("hold"):
             self.hold_for_start()
@@ -233,6 +253,7 @@ class Push:
         except FileExistsError:
             return {"missing": [], "error": "run folder already exists", "kind": "exists", "path": self.run_dir}
         self.made_run_dir = True
+        hold_receiving(self.run_dir)  # kept open until this process ends: `clean` leaves the folder alone
         return None
 
     def folder(self, path):
