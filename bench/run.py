@@ -3,6 +3,7 @@
     .venv/bin/python bench/run.py --hosts 4,8,16 --reps 5          # the full run (~35 min on 2 cores)
     .venv/bin/python bench/run.py --quick                          # 4 hosts, 2 repetitions (a few minutes)
     .venv/bin/python bench/run.py --hosts 4 --only launch,push     # some sections
+    .venv/bin/python bench/run.py --hosts 1,4,8,16 --reps 2 --only relay --docs   # relay push, capped links
 
 Results: bench/results/<stamp>/{results.json, results.md, plot.png, profile-*}; --docs also writes
 docs/bench.md and docs/bench.png. See bench/README.md for what is measured and how.
@@ -32,9 +33,9 @@ from bench.cluster import NAME, REPO, SUBNET, BenchCluster  # noqa: E402
 from bench.context import Context, repo_commit  # noqa: E402
 from bench.measure import Recorder  # noqa: E402
 from bench.sections import exec as exec_section  # noqa: E402
-from bench.sections import launch, logs, profile, push, restarts, teardown, training  # noqa: E402
+from bench.sections import launch, logs, profile, push, relay, restarts, teardown, training  # noqa: E402
 
-SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts")
+SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay")
 TRAINING_HOSTS = 4  # more ranks than this machine's cores would measure its scheduler, not the launcher
 
 
@@ -146,6 +147,8 @@ def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: in
         if hosts != TRAINING_HOSTS:
             return False
         restarts.run_section(ctx, reps)
+    elif name == "relay":
+        relay.run_section(ctx, reps, a.push_mb, files=100)
     return True
 
 

@@ -157,3 +157,36 @@ def shared_result(init_method: str, shared_dir: Optional[str], rank0: str, *, is
                                            "opens its file read-write on every rank",
                            f"make {shared_dir} writable for this user", "read-only", data)
     return CheckResult("shared", OK, f"sees {rank0}'s test file in {shared_dir}", "", "shared", data)
+
+
+def relay_result(mode: str, chain: bool, next_host: Optional[str], next_addr: str, reach: Optional[Mapping],
+                 seen: Optional[bool]) -> CheckResult:
+    """Can this host open the relay push's connection to the next host of the chain (node order)?
+
+    A host that cannot makes the push fall back to direct pushes from the controller: slower, never
+    wrong, so the worst verdict is a warning. `seen`: whether the next host's listener saw this host.
+    """
+    if not chain:
+        why = "push: {relay: false}: every host gets its push directly" if mode == "false" else \
+            "too few hosts for a relay push: every host gets its push directly"
+        return CheckResult("relay", SKIP, why, "", "·")
+    if next_host is None:
+        return CheckResult("relay", SKIP, "last host of the relay chain: it passes nothing on", "", "·")
+    if reach is None:
+        return CheckResult("relay", SKIP, f"not tested: {next_host} did not listen", "", "·")
+    data = dict(reach)
+    fallback = f"relay pushes to {next_host} and the hosts after it fall back to direct pushes (slower)"
+    hint = f"allow TCP from this host to {next_host} on ephemeral ports, or set push: {{relay: false}}"
+    status = reach.get("status")
+    if status == "ok":
+        if seen is False:
+            return CheckResult("relay", WARN, f"connected to {next_addr}, but {next_host}'s listener did not see this "
+                                              f"host: {next_addr} may lead to another machine; " + fallback,
+                               f"check addr: of {next_host}", "not seen", data)
+        return CheckResult("relay", OK, f"→ {next_host} ({next_addr}) in {reach.get('ms', 0):.1f} ms", "",
+                           f"{reach.get('ms', 0):.1f} ms", data)
+    what = {"timeout": f"no answer within {reach.get('seconds', 0):g} s (a firewall drops the packets)",
+            "refused": "connection refused (a firewall rejects it)",
+            "unreachable": f"no route ({reach.get('error')})"}.get(status, f"failed: {reach.get('error')}")
+    return CheckResult("relay", WARN, f"cannot connect to {next_host} ({next_addr}): {what}; " + fallback, hint,
+                       status or "error", data)

@@ -222,3 +222,20 @@ class Listener:
         answer = _as_answer(got[1]) if got else None
         if answer and "peer" in answer:
             self.peers.append((answer["peer"], answer.get("name", "")))
+
+
+def reach(transport: Transport, host, node_rank: int, listener: object, master_addr: str, shared_file: Optional[str],
+           token: str, connect_timeout: float, timeout: float, peer: Optional[dict] = None) -> Optional[dict]:
+    """The connection to rank 0's listener and the read of its token file, while both exist; and the one
+    to the next host of the relay chain (peer: its addr and listening port)."""
+    written = isinstance(listener, Listener) and (listener.ready.get("shared") or {}).get("status") == "ok"
+    opts = {"master_addr": master_addr, "port": listener.port if isinstance(listener, Listener) else None,
+            "connect_timeout": connect_timeout, "name": host.name,
+            "shared_file": shared_file if written and node_rank else None, "token": token, "peer": peer}
+    if not opts["port"] and not opts["shared_file"] and not peer:
+        return None
+    try:
+        found = run_probe(transport, host.python, "reach", opts, timeout=timeout).find("reach")
+    except HostError as exc:
+        return {"connect": {"status": "error", "error": f"{exc.reason}: {exc.message}"}}
+    return found[1]["reach"] if found else None

@@ -1,10 +1,11 @@
 """`clusterrun check`: a preflight doctor for every host (launch's fast subset is launch/preflight.py).
 
 One pass, every host in parallel and none waiting for another except for rank 0's listener:
-connect → (rank 0's host) bind the master port and write a token in the shared folder → on each host
-one probe (clock, Python, torch in a child process, disk, the route to the master and a real TCP
-connection to the master port, the token) → stop the listener → judge all facts together (rules.py,
-net.py), since some verdicts (versions that differ) need every host.
+connect → (rank 0's host) bind the master port and write a token in the shared folder; (hosts 1..n-1,
+where a push would relay) listen on an ephemeral port → on each host one probe (clock, Python, torch in
+a child process, disk, the route to the master and a real TCP connection to the master port, one to
+the next host of the relay chain, the token) → stop the listeners → judge all facts together
+(rules.py, net.py), since some verdicts (versions that differ) need every host.
 
 Adding a check: gather its fact in remote/probe.py (`facts`), write its pure rule in rules.py or
 net.py, and give it a judge in JUDGES below; CHECKS (the columns) follows JUDGES' order.
@@ -23,8 +24,9 @@ from ..config.inventory import Host, Inventory
 from ..errors import ClusterrunError, HostError, RemoteCommandError
 from ..hosts.client import HostClient, make_connect
 from ..hosts.group import fan_out
-from .net import connect_result, iface_result, shared_result
-from .probe import Listener, ProbeAnswer, Started, run_probe
+from ..hosts.relay import RELAY_MIN_HOSTS
+from .net import connect_result, iface_result, relay_result, shared_result
+from .probe import Listener, ProbeAnswer, Started, reach
 from .rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result, clock_skew,
                     cuda_result, disk_result, port_text, probe_failed, python_results, shell_noise, ssh_failed,
                     torch_results)
@@ -96,23 +98,6 @@ def _no_answer(exc: HostError, python: str) -> CheckResult:
     return CheckResult("python", FAIL, f"{exc.reason}: {exc.message}", exc.hint, "no answer")
 
 
-def _reach(client: HostClient, node_rank: int, listener: object, master_addr: str, shared_file: Optional[str],
-           token: str, connect_timeout: float, timeout: float) -> Optional[dict]:
-    """The connection to rank 0's listener and the read of its token file, while both exist."""
-    if not isinstance(listener, Listener):
-        return None
-    written = (listener.ready.get("shared") or {}).get("status") == "ok"
-    opts = {"master_addr": master_addr, "port": listener.port, "connect_timeout": connect_timeout,
-            "name": client.host.name, "shared_file": shared_file if written and node_rank else None, "token": token}
-    if not opts["port"] and not opts["shared_file"]:
-        return None
-    try:
-        found = run_probe(client.transport, client.host.python, "reach", opts, timeout=timeout).find("reach")
-    except HostError as exc:
-        return {"connect": {"status": "error", "error": f"{exc.reason}: {exc.message}"}}
-    return found[1]["reach"] if found else None
-
-
 class _Session:
     """One `check`: the hosts' connections, and rank 0's listener that every host's probe connects to."""
 
@@ -128,6 +113,10 @@ class _Session:
         self.listener_error = ""
         self.clients: List[HostClient] = []
         self._lock = threading.Lock()
+        # the relay chain (hosts/relay.py): host j connects to host j+1, which listens while the probes run
+        self.chain = inv.relay != "false" and len(inv.hosts) >= (2 if inv.relay == "true" else RELAY_MIN_HOSTS)
+        self.relay_listeners: Dict[int, Listener] = {}
+        self.relay_ready = [threading.Event() for _ in inv.hosts]
 
     def observe(self, node_rank: int, host: Host) -> Observed:
         try:
@@ -135,6 +124,7 @@ class _Session:
         except Exception as exc:  # a bug or an unexpected library error: still report every other host
             return Observed(host, node_rank, CheckResult("ssh", FAIL, f"check failed: {exc!r}", "", "error"))
         finally:
+            self.relay_ready[node_rank].set()
             if node_rank == 0:
                 self.ready.set()  # whatever happened, the other hosts must not wait for a listener
 
@@ -157,6 +147,7 @@ class _Session:
         except HostError as exc:
             return Observed(host, node_rank, ssh, failure=_no_answer(exc, host.python))
         try:
+            self._relay_listen(node_rank, client)
             reach = self._rendezvous(node_rank, client)
         except BaseException:
             facts.close()
@@ -169,6 +160,29 @@ class _Session:
             return Observed(host, node_rank, ssh, answer, probe_failed(host.python, answer.exit_code, answer.stderr),
                             reach)
         return Observed(host, node_rank, ssh, answer, reach=reach)
+
+    def _relay_listen(self, node_rank: int, client: HostClient) -> None:
+        if self.chain and node_rank > 0:
+            try:
+                listener = Listener(client.transport, client.host.python, {
+                    "port": 0, "master_addr": client.host.master_addr, "expect": 1,
+                    "deadline": self.inv.timeouts.connect + 2 * self.inv.timeouts.command}, timeout=self.inv.timeouts.command)
+                with self._lock:
+                    self.relay_listeners[node_rank] = listener
+            except HostError:
+                pass  # the host before it shows "not tested"
+        self.relay_ready[node_rank].set()
+
+    def _relay_peer(self, node_rank: int) -> Optional[dict]:
+        """The next host's relay listener, once it listens (or gave up)."""
+        t = self.inv.timeouts
+        if not self.chain or node_rank + 1 >= len(self.inv.hosts):
+            return None
+        self.relay_ready[node_rank + 1].wait(t.connect + t.command)
+        listener = self.relay_listeners.get(node_rank + 1)
+        if listener is None or not listener.port:
+            return None
+        return {"addr": self.inv.hosts[node_rank + 1].master_addr, "port": listener.port}
 
     def _rendezvous(self, node_rank: int, client: HostClient) -> Optional[dict]:
         """Rank 0's host starts the listener (and writes the token); every host then connects to it."""
@@ -185,8 +199,20 @@ class _Session:
                 self.ready.set()
         else:
             self.ready.wait(t.connect + t.command)
-        return _reach(client, node_rank, self.listener, self.master_addr, self.shared_file, self.token,
-                      min(PROBE_CONNECT_S, t.connect), t.command)
+        return reach(client.transport, client.host, node_rank, self.listener, self.master_addr, self.shared_file, self.token,
+                      min(PROBE_CONNECT_S, t.connect), t.command, self._relay_peer(node_rank))
+
+    def finish_relay(self, observed: List[Observed]) -> Optional[Dict[int, frozenset]]:
+        """Stop the relay listeners; the names each one saw, by node rank (None: no chain tested)."""
+        if not self.chain:
+            return None
+        seen = {}
+        for j, listener in sorted(self.relay_listeners.items()):
+            before = observed[j - 1]
+            came = ((before.reach or {}).get("relay") or {}).get("status") == "ok"
+            listener.finish([before.host.name] if came else [], LISTENER_LINGER_S)
+            seen[j] = frozenset(name for _, name in listener.peers)
+        return seen
 
     def finish(self, observed: List[Observed]) -> Optional[ListenerSeen]:
         """Stop the listener (once it saw the hosts that connected) and say what it saw."""
@@ -215,12 +241,13 @@ def run_checks(inv: Inventory, *, connect: Optional[Callable[[Host], HostClient]
                         name=lambda item: item[1].name, thread_name="check")
         observed = [found.results[i] for i, _ in hosts]
         seen = session.finish(observed)
+        relay_seen = session.finish_relay(observed)
         push_bytes, push_error = push.result()
     finally:
         session.close()
         sizing.shutdown(wait=False)
     return evaluate(inv, observed, seen, session.master_addr, session.wanted_port, push_bytes, push_error,
-                    seconds=time.monotonic() - t0)
+                    seconds=time.monotonic() - t0, relay_seen=relay_seen)
 
 
 @dataclass(frozen=True)
@@ -240,6 +267,7 @@ class _Context:
     torches: Mapping[str, CheckResult]
     push_bytes: Optional[int]
     push_error: str
+    relay_seen: Optional[Mapping[int, frozenset]]  # names each relay listener saw, by node rank (None: no chain)
 
     @property
     def rank0(self) -> str:
@@ -289,6 +317,14 @@ def _shared(c: _Context, o: Observed, f: dict) -> CheckResult:
                          written=c.ready.get("shared") if c.ready else None, read=(o.reach or {}).get("shared"))
 
 
+def _relay(c: _Context, o: Observed, f: dict) -> CheckResult:
+    nxt = o.node_rank + 1
+    last = nxt >= len(c.inv.hosts)
+    seen = None if c.relay_seen is None or last or nxt not in c.relay_seen else o.host.name in c.relay_seen[nxt]
+    return relay_result(c.inv.relay, c.relay_seen is not None, None if last else c.inv.hosts[nxt].name,
+                        "" if last else c.inv.hosts[nxt].master_addr, (o.reach or {}).get("relay"), seen)
+
+
 def _clock(c: _Context, o: Observed, f: dict) -> CheckResult:
     stamp = o.answer.find("time") if o.answer else None
     if not stamp:
@@ -298,11 +334,13 @@ def _clock(c: _Context, o: Observed, f: dict) -> CheckResult:
 
 # Every check after ssh, in the order of the report's columns (rules.CHECKS must list the same names).
 JUDGES: Dict[str, Judge] = {"python": _python, "torch": _torch, "cuda": _cuda, "port": _port, "connect": _connect,
-                            "iface": _iface, "disk": _disk, "shared": _shared, "clock": _clock}
+                            "iface": _iface, "disk": _disk, "shared": _shared, "relay": _relay,
+                            "clock": _clock}
 
 
 def _context(inv: Inventory, observed: List[Observed], listener: Optional[ListenerSeen], master_addr: str,
-             wanted_port: Optional[int], push_bytes: Optional[int], push_error: str) -> Tuple[_Context, List[str]]:
+             wanted_port: Optional[int], push_bytes: Optional[int], push_error: str,
+             relay_seen: Optional[Mapping[int, frozenset]]) -> Tuple[_Context, List[str]]:
     rank0 = inv.hosts[0].name
     facts = {o.host.name: o.facts for o in observed if o.facts}
     pythons, notes = python_results(facts)
@@ -321,15 +359,16 @@ def _context(inv: Inventory, observed: List[Observed], listener: Optional[Listen
     context = _Context(inv, master_addr, wanted_port, bound.get("port") if bound.get("free") else wanted_port,
                        bound, ready, no_test,
                        frozenset(name for _, name in listener.peers) if listener and ready else None,
-                       machines > 1, pythons, torches, push_bytes, push_error)
+                       machines > 1, pythons, torches, push_bytes, push_error, relay_seen)
     return context, notes + torch_notes
 
 
 def evaluate(inv: Inventory, observed: List[Observed], listener: Optional[ListenerSeen], master_addr: str,
              wanted_port: Optional[int], push_bytes: Optional[int], push_error: str = "",
-             seconds: float = 0.0) -> Report:
-    """Every host's results, in CHECKS order, from what the hosts showed (pure)."""
-    context, notes = _context(inv, observed, listener, master_addr, wanted_port, push_bytes, push_error)
+             seconds: float = 0.0, relay_seen: Optional[Mapping[int, frozenset]] = None) -> Report:
+    """Every host's results, in CHECKS order, from what the hosts showed (pure). relay_seen: None where no
+    relay chain was tested."""
+    context, notes = _context(inv, observed, listener, master_addr, wanted_port, push_bytes, push_error, relay_seen)
     skews = {}
     hosts = []
     for o in observed:

@@ -6,17 +6,21 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Callable, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence, Tuple
 
-from ..config.inventory import Inventory, load_inventory, with_overrides
 from ..errors import SecretMissing
+
+if TYPE_CHECKING:  # loaded when a command needs it: `--version`, `--help` and `ps` never read YAML
+    from ..config.inventory import Inventory
 
 STOP_SIGNALS: Tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def load(path: str, script: Optional[str] = None, args: Optional[Sequence[str]] = None,
-         module: Optional[str] = None) -> Inventory:
+         module: Optional[str] = None) -> "Inventory":
     """The inventory with --script/--module and -- ARGS applied, SSH hosts' addresses filled from ~/.ssh/config."""
+    from ..config.inventory import load_inventory, with_overrides
+
     inv = with_overrides(load_inventory(path), script=script, args=list(args) if args else None, module=module)
     if any(h.connection == "ssh" for h in inv.hosts):
         from ..config.ssh_config import with_config_addresses
@@ -29,7 +33,7 @@ def load(path: str, script: Optional[str] = None, args: Optional[Sequence[str]] 
 MIN_SECRET = 4  # shorter values cannot be masked without garbling ordinary output ("1" everywhere)
 
 
-def secrets_of(inv: Inventory) -> dict:
+def secrets_of(inv: "Inventory") -> dict:
     missing = [name for name in inv.secrets if name not in os.environ]
     if missing:
         raise SecretMissing(f"{inv.path}: secrets {', '.join(missing)} are not set in this shell's environment "

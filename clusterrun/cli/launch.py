@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import click
 
-from ..config.inventory import Inventory, check_job_files
 from .common import forward_signals, load, secrets_of, store
+
+if TYPE_CHECKING:
+    from ..config.inventory import Inventory
 
 
 @click.command()
@@ -29,6 +31,8 @@ def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run
     from ..registry.store import new_run_id
 
     inv = load(inventory, script, job_args, module=module)
+    from ..config.inventory import check_job_files
+
     check_job_files(inv)
     run_id = new_run_id()
     if dry_run:  # shows secret names only, so it needs no values
@@ -36,7 +40,7 @@ def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run
     return _launch(inv, run_id, secrets_of(inv), detach)
 
 
-def _dry_run(inv: Inventory, run_id: str, as_json: bool) -> int:
+def _dry_run(inv: "Inventory", run_id: str, as_json: bool) -> int:
     from ..plan import MASK, build_plan, plan_to_dict
     from ..ui.console import console
     from ..ui.tables import show_plan
@@ -55,7 +59,7 @@ def _dry_run(inv: Inventory, run_id: str, as_json: bool) -> int:
     return 0
 
 
-def _routes(inv: Inventory) -> dict:
+def _routes(inv: "Inventory") -> dict:
     """name -> SshTarget of each SSH host (each value with where it came from); nothing connects."""
     if not any(h.connection == "ssh" for h in inv.hosts):
         return {}
@@ -66,7 +70,7 @@ def _routes(inv: Inventory) -> dict:
     return {h.name: ssh_target(h, options) for h in inv.hosts if h.connection == "ssh"}
 
 
-def _launch(inv: Inventory, run_id: str, secrets: dict, detach: bool) -> int:
+def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool) -> int:
     from rich.text import Text
 
     from ..hosts.client import make_connect

@@ -7,7 +7,6 @@ from typing import List, Optional, Sequence
 
 import click
 
-from ..config.inventory import check_job_files
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from .common import forward_signals, load, secrets_of, store
 
@@ -52,6 +51,8 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
     from ..ui.tables import show_sweep
 
     inv = load(inventory)
+    from ..config.inventory import check_job_files
+
     check_job_files(inv)
     node_counts = _int_list(nodes, "--nodes")
     methods = (init_methods or inv.job.init_method).split(",")

@@ -31,7 +31,7 @@ HOST_KEYS = ("user", "port", "identity_file", "known_hosts", "host_key_policy", 
              "connection", "env", "proxy_jump", "slots")
 HOST_ONLY_KEYS = ("name", "host", "addr")
 TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace", "setup")
-TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts", "retention")
+TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts", "retention", "push")
 RETENTION_KEYS = ("keep_runs", "max_age", "cache_max")
 
 # What may reach an SSH command line or a file name is held to plain characters; everything else (env
@@ -96,6 +96,7 @@ class Inventory:
     timeouts: Timeouts = field(default_factory=Timeouts)
     master_port_fixed: bool = False  # the inventory names the port (kept on restarts; else one afresh)
     retention: Retention = field(default_factory=Retention)
+    relay: str = "auto"  # push: {relay: auto|true|false}: hosts pass the push on to each other (hosts/relay.py)
 
 
 def _read_host_settings(r: NodeReader, entries: Dict[str, Tuple[yaml.Node, yaml.Node]], key: str) -> dict:
@@ -172,6 +173,7 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
                                   what="environment variable name")) if "secrets" in top else ()
     timeouts = _read_timeouts(r, top["timeouts"][1]) if "timeouts" in top else Timeouts()
     retention = _read_retention(r, top["retention"][1]) if "retention" in top else Retention()
+    relay = _read_push(r, top["push"][1]) if "push" in top else "auto"
     if job.min_nodes is not None and hosts and job.min_nodes > len(hosts):
         node = next(v for k, v in top["job"][1].value if k.value == "min_nodes")
         r.error(node, "job.min_nodes", f"is {job.min_nodes}, but the inventory has {len(hosts)} hosts")
@@ -181,7 +183,7 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
         any(k.value == "port" for k, _ in getattr(top["master"][1], "value", ()) if hasattr(k, "value"))
     return _checked(Inventory(path=file, hosts=tuple(hosts), master_port=master_port, job=job,
                               secrets=secrets, timeouts=timeouts, master_port_fixed=fixed,
-                              retention=retention), file)
+                              retention=retention, relay=relay), file)
 
 
 def _read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, local_python: str,
@@ -225,6 +227,18 @@ def _read_master(r: NodeReader, node: yaml.Node) -> Optional[int]:
     if isinstance(pnode, yaml.ScalarNode) and pnode.tag == STR_TAG and pnode.value == "auto":
         return None
     return r.integer(pnode, "master.port", 1, 65535)
+
+
+def _read_push(r: NodeReader, node: yaml.Node) -> str:
+    """push: {relay: auto | true | false}."""
+    entries = r.mapping(node, "push", ("relay",))
+    if "relay" not in entries:
+        return "auto"
+    value = entries["relay"][1]
+    if isinstance(value, yaml.ScalarNode) and value.value in ("auto", "true", "false"):
+        return value.value  # also quoted: "true" reads as the user meant it
+    flag = r.boolean(value, "push.relay")
+    return "auto" if flag is None else ("true" if flag else "false")
 
 
 def _read_retention(r: NodeReader, node: yaml.Node) -> Retention:
@@ -347,4 +361,4 @@ def inventory_from_snapshot(data: dict) -> Inventory:
     return Inventory(path=data["path"], hosts=tuple(Host(**h) for h in data["hosts"]),
                      master_port=data["master_port"], job=Job(**job), secrets=tuple(data["secrets"]),
                      timeouts=Timeouts(**data["timeouts"]), master_port_fixed=data.get("master_port_fixed", False),
-                     retention=Retention(**data.get("retention", {})))
+                     retention=Retention(**data.get("retention", {})), relay=data.get("relay", "auto"))

@@ -148,7 +148,11 @@ class NodeReader:
     def boolean(self, node: yaml.Node, key: str) -> Optional[bool]:
         if isinstance(node, yaml.ScalarNode) and node.tag == BOOL:
             return bool(yaml.safe_load(node.value))
-        self.error(node, key, f"expected true or false, got {node.value if isinstance(node, yaml.ScalarNode) else describe(node)}")
+        if isinstance(node, yaml.ScalarNode) and node.value.lower() in ("true", "false", "yes", "no", "on", "off"):
+            self.error(node, key, f"expected true or false, got the string {node.value!r} (write it without quotes)")
+        else:
+            self.error(node, key, f"expected true or false, got "
+                                  f"{node.value if isinstance(node, yaml.ScalarNode) else describe(node)}")
         return None
 
     def string_list(self, node: yaml.Node, key: str, *, numbers_ok: bool = False,

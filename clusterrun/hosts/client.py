@@ -10,7 +10,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Hashable, List, Optional
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..config.inventory import Host, Timeouts
 from ..errors import (CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, SetupError,
@@ -18,6 +18,7 @@ from ..errors import (CommandTimeout, ConnectError, HostError, PushError, Remote
 from ..remote import BOOTSTRAP, EXIT_PROGRAM_MISSING, INSTALLER, PROGRAM_ID, SOURCE
 from ..transport import Stream, StreamClosed, Transport
 from .manifest import Manifest, objects_to_send, read_chunks
+from .relay import RelayGroup
 from .wire import FollowStream, Prepended, ProgramMissing, exit_code_of, pack_msg, read_msg
 
 BATCH = 1 << 20
@@ -30,6 +31,8 @@ class PushResult:
     files: int
     seconds: float
     repaired: int = 0  # cached objects found changed on the host (a job wrote to a pushed file): sent again
+    relayed: int = 0  # object bytes that came from another host (relay push), not from the controller
+    relay_notes: Tuple[str, ...] = ()  # what failed on the relay path (the rest then came directly)
 
 
 class HostClient:
@@ -153,35 +156,52 @@ class HostClient:
         return self._push(run_id, manifest, progress, hold=False, want_port=False, check_port=None,
                           master_addr="")[0]
 
+    def push_only_relay(self, run_id: str, manifest: Manifest, group: RelayGroup, index: int) -> PushResult:
+        """push_only, as one host of a relay push (tests and the bench drive the chain this way)."""
+        return self._push(run_id, manifest, lambda n: None, hold=False, want_port=False, check_port=None,
+                          master_addr="", relay=(group, index))[0]
+
     def push(self, run_id: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None,
-             want_port: bool = False, check_port: Optional[int] = None, master_addr: str = "") -> "HeldPush":
+             want_port: bool = False, check_port: Optional[int] = None, master_addr: str = "",
+             relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False) -> "HeldPush":
         """Push the job and keep the channel for the start: one command per host for push and start.
         Dropping the HeldPush (abandon) makes the host remove the run it received. The host also reports
-        facts for the preflight (its Python; whether check_port is free)."""
+        facts for the preflight (its Python; whether check_port is free). relay: (the push's chain, this
+        host's place in the inventory): objects may come from another host (hosts/relay.py). coordinator:
+        rank 0's host binds the supervisors' meeting port now, so every host can be started at once."""
         result, stream, answer = self._push(run_id, manifest, progress, hold=True, want_port=want_port,
-                                            check_port=check_port, master_addr=master_addr)
-        return HeldPush(self, stream, result, answer.get("port"), answer.get("facts") or {})
+                                            check_port=check_port, master_addr=master_addr, relay=relay,
+                                            coordinator=coordinator)
+        return HeldPush(self, stream, result, answer.get("port"), answer.get("facts") or {},
+                        answer.get("coordinator_port"))
 
     def _push(self, run_id, manifest, progress, *, hold: bool, want_port: bool, check_port: Optional[int],
-              master_addr: str):
-        for attempt in (1, 2):
-            try:
-                return self._push_once(run_id, manifest, progress, hold, want_port, check_port, master_addr)
-            except ProgramMissing:
-                if attempt == 2:
-                    raise
-                self.install()
-        raise AssertionError("unreachable")
+              master_addr: str, relay=None, coordinator: bool = False):
+        try:
+            for attempt in (1, 2):
+                try:
+                    return self._push_once(run_id, manifest, progress, hold, want_port, check_port, master_addr,
+                                           relay, coordinator)
+                except ProgramMissing:
+                    if attempt == 2:
+                        raise
+                    self.install()
+            raise AssertionError("unreachable")
+        except BaseException:
+            if relay is not None:
+                relay[0].fail(relay[1])  # the other hosts stop waiting for this one
+            raise
 
     def _push_once(self, run_id: str, manifest: Manifest, progress: Callable[[int], None], hold: bool,
-                   want_port: bool, check_port: Optional[int], master_addr: str):
+                   want_port: bool, check_port: Optional[int], master_addr: str,
+                   relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False):
         t0 = time.monotonic()
         stream = self.transport.open(self.argv("receive", run_id))
         timeout = self.timeouts.command
         keep = False
         try:
             wire = pack_msg({**manifest.wire(), "hold": hold, "free_port": want_port, "check_port": check_port,
-                             "master_addr": master_addr})
+                             "master_addr": master_addr, "relay": relay is not None, "coordinator": coordinator})
             try:
                 stream.write(wire, timeout)
                 answer = read_msg(stream, timeout)
@@ -192,35 +212,27 @@ class HostClient:
             if "error" in answer:
                 raise PushError(self.label, answer["error"], path=answer.get("path", ""),
                                 hint=_push_hint(answer.get("kind", "")))
-            sent = 0
-            batch = bytearray()  # small files travel together: one write (and few packets) per MiB
-            try:
-                for entry in objects_to_send(manifest, answer["missing"]):
-                    for chunk in read_chunks(entry.source, entry.size):
-                        if not batch and len(chunk) >= BATCH:  # a big file's chunk goes as it is
-                            stream.write(chunk, timeout)
-                            sent += len(chunk)
-                            progress(len(chunk))
-                            continue
-                        batch += chunk
-                        if len(batch) >= BATCH:
-                            stream.write(batch, timeout)
-                            sent += len(batch)
-                            progress(len(batch))
-                            batch = bytearray()
-                if batch:
-                    stream.write(batch, timeout)
-                    sent += len(batch)
-                    progress(len(batch))
-            except StreamClosed:
-                pass  # the host stopped reading: its answer says why
+            if relay is None:
+                sent = self._send_objects(stream, manifest, [(sha, None) for sha in answer["missing"]], progress)
+            else:
+                group, index = relay
+                plan = group.arrive(index, self.host.name, answer["missing_objects"], self.host.master_addr,
+                                    answer.get("relay_port"))
+                stream.write(pack_msg({"relay": plan}), timeout)
+                sent = 0
+                if plan["from"] == "controller":
+                    sent = self._send_objects(stream, manifest, [(o[0], o[2]) for o in plan["objects"]], progress)
             result = read_msg(stream, timeout)
+            if "relay_failed" in result:  # its upstream failed it: what it still lacks comes from here
+                sent += self._send_objects(stream, manifest, [(sha, None) for sha in result["need"]], progress)
+                result = read_msg(stream, timeout)
             if "error" in result:
                 raise PushError(self.label, result["error"], path=result.get("path", ""),
                                 hint=_push_hint(result.get("kind", "")))
             keep = hold
             return (PushResult(sent_bytes=sent, objects=result["objects"], files=result["files"],
-                               seconds=time.monotonic() - t0, repaired=len(answer.get("repaired") or ())),
+                               seconds=time.monotonic() - t0, repaired=len(answer.get("repaired") or ()),
+                               relayed=result.get("relayed") or 0, relay_notes=tuple(result.get("relay_notes") or ())),
                     stream, answer)
         except TimeoutError:
             raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
@@ -231,6 +243,34 @@ class HostClient:
         finally:
             if not keep:
                 stream.close()
+
+    def _send_objects(self, stream: Stream, manifest: Manifest, wanted: Sequence[Tuple[str, Optional[bool]]],
+                      progress: Callable[[int], None]) -> int:
+        """The objects' bytes back to back, in order (small files batched: one write, few packets, per MiB)."""
+        timeout = self.timeouts.command
+        sent = 0
+        batch = bytearray()
+        try:
+            for entry in objects_to_send(manifest, wanted):
+                for chunk in read_chunks(entry.source, entry.size):
+                    if not batch and len(chunk) >= BATCH:  # a big file's chunk goes as it is
+                        stream.write(chunk, timeout)
+                        sent += len(chunk)
+                        progress(len(chunk))
+                        continue
+                    batch += chunk
+                    if len(batch) >= BATCH:
+                        stream.write(batch, timeout)
+                        sent += len(batch)
+                        progress(len(batch))
+                        batch = bytearray()
+            if batch:
+                stream.write(batch, timeout)
+                sent += len(batch)
+                progress(len(batch))
+        except StreamClosed:
+            pass  # the host stopped reading: its answer says why
+        return sent
 
     def close(self) -> None:
         self.transport.close()
@@ -247,10 +287,12 @@ class SetupResult:
 class HeldPush:
     """A host that has the job and waits, on the same channel, for the word to start it."""
 
-    def __init__(self, client: HostClient, stream: Stream, result: PushResult, port: Optional[int], facts: dict):
+    def __init__(self, client: HostClient, stream: Stream, result: PushResult, port: Optional[int], facts: dict,
+                 coordinator_port: Optional[int] = None):
         self.client = client
         self.result = result
         self.port = port  # a free port on the host, when asked for
+        self.coordinator_port = coordinator_port  # rank 0's host: where the other supervisors join it
         self.facts = facts  # for the preflight: {"python", "executable"[, "port"]}
         self._stream: Optional[Stream] = stream
 

@@ -42,6 +42,13 @@ class Manifest:
         return {"files": [[f.rel, f.sha, f.size, f.executable] for f in self.files], "dirs": list(self.dirs),
                 "symlinks": [list(s) for s in self.symlinks]}
 
+    def object_order(self) -> Dict[str, int]:
+        """Each object's place in the manifest (a relay streams objects in this order)."""
+        out: Dict[str, int] = {}
+        for f in self.files:
+            out.setdefault(f.sha, len(out))
+        return out
+
     def objects(self) -> Dict[Tuple[str, bool], FileEntry]:
         """One file per distinct object (content and exec bit), the unit that is sent."""
         out: Dict[Tuple[str, bool], FileEntry] = {}
@@ -240,11 +247,12 @@ def read_chunks(path: str, size: int, chunk: int = 1 << 20) -> Iterable[bytes]:
             yield data
 
 
-def objects_to_send(manifest: Manifest, missing: Sequence[str]) -> List[FileEntry]:
+def objects_to_send(manifest: Manifest, missing: Sequence[Tuple[str, Optional[bool]]]) -> List[FileEntry]:
+    """The entries to read for these objects, in this order; (sha, None): either mode will do."""
     objects = manifest.objects()
     out = []
-    for sha in missing:
-        entry = objects.get((sha, True)) or objects.get((sha, False))
+    for sha, exe in missing:
+        entry = objects.get((sha, exe)) if exe is not None else objects.get((sha, True)) or objects.get((sha, False))
         if entry is None:
             raise UsageError(f"the host asked for an object not in the manifest: {sha}")
         out.append(entry)

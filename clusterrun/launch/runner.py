@@ -12,19 +12,21 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional
 
 from ..config.inventory import Host, Inventory, inventory_snapshot
 from ..errors import ClusterrunError, ConnectError, HostsFailed
 from ..events import HostDone, HostProgress, Notice, Phase
 from ..hosts.client import HeldPush, HostClient
 from ..hosts.group import GroupResult, fan_out
+from ..hosts.relay import RelayGroup
+from ..hosts.relay import for_push as relay_for_push
 from ..hosts.manifest import HashCache, Manifest, build_manifest
 from ..outcome import RunOutcome
 from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, setup_request
 from ..registry.store import RunStore, controller_identity
 from ..states import Cleanup, HostState, RankState, RunState
-from . import restarts
+from .attempts import Attempts
 from .monitor import Monitor
 from .preflight import preflight, preflight_error
 from .setup import run_setup
@@ -37,7 +39,7 @@ class Interrupted(Exception):
     pass
 
 
-class Runner:
+class Runner(Attempts):
     def __init__(self, inv: Inventory, run_id: str, *, store: RunStore, connect: Connect,
                  secrets: Mapping[str, str], emit: Callable[[object], None], detach: bool = False,
                  hash_cache: Optional[HashCache] = None, checks: Callable = preflight):
@@ -120,57 +122,6 @@ class Runner:
             for client in clients:
                 client.close()
 
-    def _follow(self, plan: LaunchPlan) -> RunOutcome:
-        """Watch one attempt to its end (launch/monitor.py), on a queue of its own: what the last attempt's
-        threads still post (a lost host's stop ending late) never reaches the next one."""
-        if plan.attempt:
-            self._q = queue.Queue(maxsize=64)
-        self.monitor = Monitor(plan, self.store, client=lambda node_rank: self._client(plan.nodes[node_rank].index),
-                               reconnect=lambda node_rank: self._reconnect(plan.nodes[node_rank].index),
-                               emit=self._emit, events=self._q, timeouts=self.inv.timeouts, t0=self._t0,
-                               restarts_allowed=self.inv.job.restarts, inventory=self.inv.path)
-        if self._interrupts:
-            self.monitor.interrupt(force=self.force_requested)
-        return self.monitor.run()
-
-    def _attempts(self, plan: LaunchPlan, outcome: RunOutcome) -> RunOutcome:
-        """job.restarts: while attempts remain after a failure, the next one (launch/restarts.py)."""
-        return restarts.run_attempts(
-            self.inv, plan, outcome, start=self._next, elapsed=self._elapsed, emit=self._emit,
-            interrupted=lambda: bool(self._interrupts),
-            archive=self._archive,
-            interrupt=lambda why: self._finish(RunState.INTERRUPTED, RunState.INTERRUPTED.exit_code, why))
-
-    def _archive(self, dropped: Tuple[str, ...]) -> None:
-        """The attempt that ended goes to the history; the run is running again (`clean` leaves it be)."""
-        self.store.archive_attempt(self.run_id, list(dropped))
-        self.store.update_run(self.run_id, state=RunState.RUNNING, exit_code=None, ended_at=None)
-
-    def _next(self, nxt: restarts.NextAttempt) -> Tuple[LaunchPlan, RunOutcome]:
-        """Start attempt K over the hosts still there (rank 0's host first) and follow it; a host that
-        cannot be started makes this attempt a failure with that host lost."""
-        t = time.monotonic()
-        self._emit(Phase("start", f"attempt {nxt.attempt + 1}"))
-        plan = self._plan = restarts.attempt_plan(self.inv, self.run_id, nxt, lambda i: self._client(i).free_port())
-        self.store.begin_attempt(self.run_id, plan.attempt, plan_to_dict(plan),
-                                 [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks])
-        for node in plan.nodes:
-            self.store.update_host(self.run_id, node.index, state=HostState.PENDING, error=None)
-        self._emit(Notice(f"MASTER_ADDR={plan.master_addr} MASTER_PORT={plan.master_port} "
-                          f"(world size {plan.world_size})"))
-        with self._lock:
-            self._started = []
-        self._coordinator_port = None  # the new rank 0's host coordinates this attempt's supervisors
-        try:
-            self._start_all(plan)
-        except HostsFailed as exc:
-            self._emit(Notice(str(exc), "error"))
-            self._undo(plan, grace=0.0)
-            return plan, restarts.failed_start(plan, exc, self._finish(RunState.FAILED, exc.exit_code, str(exc)))
-        self._phases.append((f"restart {plan.attempt}", time.monotonic() - t))
-        self.store.update_run(self.run_id, state=RunState.RUNNING)
-        return plan, self._follow(plan)
-
     def _preflight(self, plan: LaunchPlan) -> LaunchPlan:
         """The cheap checks of `clusterrun check`, on what every host reported while receiving the job; then
         the plan with the master port rank 0's host found free (master: {port: auto})."""
@@ -227,10 +178,19 @@ class Runner:
         connected: List[float] = []
         self._emit(Phase("connect"))
 
+        relay = relay_for_push(self.inv.relay, len(plan.nodes), self.inv.timeouts)  # hosts pass the push on
+
         def prepare(node: NodePlan) -> None:
-            self._connect_node(node)
-            connected.append(time.monotonic())
-            self._push(node, manifest.result(), plan)
+            try:
+                self._connect_node(node)
+                connected.append(time.monotonic())
+                if relay is not None:
+                    relay.order = relay.order or manifest.result().object_order()
+                self._push(node, manifest.result(), plan, relay)
+            except BaseException:
+                if relay is not None:
+                    relay.fail(node.node_rank)
+                raise
 
         def watch() -> None:
             if manifest.done() and manifest.exception() is not None:
@@ -314,7 +274,7 @@ class Runner:
         self._post(HostDone("connect", node.host.name, time.monotonic() - t))
         return client
 
-    def _push(self, node: NodePlan, manifest: Manifest, plan: LaunchPlan) -> None:
+    def _push(self, node: NodePlan, manifest: Manifest, plan: LaunchPlan, relay: Optional[RelayGroup]) -> None:
         t = time.monotonic()
         total = manifest.total_bytes
         sent = [0]
@@ -327,14 +287,20 @@ class Runner:
         rank0 = node.node_rank == 0
         held = self._client(node.index).push(
             self.run_id, manifest, progress, want_port=rank0 and plan.master_port is None,
-            check_port=plan.master_port if rank0 else None, master_addr=plan.master_addr)
+            check_port=plan.master_port if rank0 else None, master_addr=plan.master_addr,
+            relay=(relay, node.node_rank) if relay is not None else None, coordinator=rank0 and len(plan.nodes) > 1)
         with self._lock:
             self._held[node.node_rank] = held
+            if rank0:  # every host can be started at once: rank 0's host already listens for the others
+                self._coordinator_port = held.coordinator_port
         result = held.result
         self.store.update_host(self.run_id, node.index, state=HostState.PUSHED, pushed_bytes=result.sent_bytes,
-                               push_seconds=round(result.seconds, 4))
+                               push_seconds=round(result.seconds, 4), relayed_bytes=result.relayed)
+        via = f", {result.relayed} from the host before it" if result.relayed else ""
         self._post(HostDone("push", node.host.name, time.monotonic() - t,
-                             f"{result.sent_bytes} of {total} bytes sent, {result.files} files"))
+                             f"{result.sent_bytes} of {total} bytes sent{via}, {result.files} files"))
+        for note in result.relay_notes:
+            self._post(Notice(f"{node.host.name}: relay push: {note}; the rest came directly", "warning"))
         if result.repaired:
             self._post(Notice(f"{node.host.name}: {result.repaired} cached file(s) had changed since they were "
                               "pushed (a job writing to its pushed files?): sent again", "warning"))
@@ -352,7 +318,7 @@ class Runner:
             state = held.start(self._spec(plan, node))
         else:  # a restart: the job is there already, the attempt gets a folder of its own
             state = self._client(node.index).start(plan.host_key, self._spec(plan, node))
-        if node.node_rank == 0:  # the other hosts' supervisors join rank 0's (remote/host/peers.py)
+        if node.node_rank == 0 and plan.attempt:  # the other hosts' supervisors join rank 0's (peers.py)
             self._coordinator_port = (state.get("coordinator") or {}).get("port")
         with self._lock:
             self._started.append(node.node_rank)
@@ -361,11 +327,14 @@ class Runner:
         self._post(HostDone("start", node.host.name, time.monotonic() - t))
 
     def _start_all(self, plan: LaunchPlan) -> None:
-        """Rank 0's host first (it hosts the rendezvous), then every other host at once."""
-        self._fan_out("start", plan.nodes[:1], lambda n: self._start_node(plan, n), interruptible=False)
+        """Every host at once where rank 0's host already listens for the others' supervisors (a first
+        attempt: bound during the push); else rank 0's host first (its start answer names the port)."""
+        first = plan.nodes if plan.attempt == 0 and (len(plan.nodes) == 1 or self._coordinator_port) \
+            else plan.nodes[:1]
+        self._fan_out("start", first, lambda n: self._start_node(plan, n), interruptible=False)
         if self._interrupts:
             raise Interrupted("start")
-        if len(plan.nodes) > 1:
+        if len(plan.nodes) > len(first):
             self._fan_out("start", plan.nodes[1:], lambda n: self._start_node(plan, n), interruptible=False)
         if self._interrupts and not self._detach:
             raise Interrupted("start")

@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS runs (
   exit_code INTEGER, reason TEXT, ended_at REAL, controller TEXT, detached INTEGER DEFAULT 0, phases TEXT);
 CREATE TABLE IF NOT EXISTS hosts (
   run_id TEXT, node_rank INTEGER, name TEXT, state TEXT, cleanup TEXT, error TEXT, supervisor_pid INTEGER,
-  pushed_bytes INTEGER, push_seconds REAL, restarts INTEGER, PRIMARY KEY (run_id, node_rank));
+  pushed_bytes INTEGER, push_seconds REAL, restarts INTEGER, relayed_bytes INTEGER, PRIMARY KEY (run_id, node_rank));
 CREATE TABLE IF NOT EXISTS ranks (
   run_id TEXT, rank INTEGER, node_rank INTEGER, host TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
   started_at REAL, ended_at REAL, pid INTEGER, note TEXT, stop_reason TEXT, PRIMARY KEY (run_id, rank));
@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS attempts (
 # columns added after schema 1 first shipped, for registries that predate them
 _ADDED_COLUMNS = (("runs", "phases TEXT"), ("hosts", "pushed_bytes INTEGER"), ("hosts", "push_seconds REAL"),
                   ("hosts", "restarts INTEGER"), ("ranks", "stop_reason TEXT"), ("runs", "attempt INTEGER"),
-                  ("runs", "restarts INTEGER"))
+                  ("runs", "restarts INTEGER"), ("hosts", "relayed_bytes INTEGER"))
 
 
 def state_dir() -> str:
@@ -95,12 +95,13 @@ class HostRecord:
     pushed_bytes: Optional[int]
     push_seconds: Optional[float]
     restarts: int = 0  # launcher torchrun: how often it restarted this host's workers
+    relayed_bytes: int = 0  # relay push: object bytes this host got from another host, not from the controller
 
     def to_json(self) -> dict:
         return {"node_rank": self.node_rank, "name": self.name, "state": self.state.value,
                 "cleanup": self.cleanup.value if self.cleanup else None, "error": self.error,
                 "supervisor_pid": self.supervisor_pid, "pushed_bytes": self.pushed_bytes,
-                "push_seconds": self.push_seconds, "restarts": self.restarts}
+                "push_seconds": self.push_seconds, "restarts": self.restarts, "relayed_bytes": self.relayed_bytes}
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,7 @@ class RunStore(History):
                 node_rank=h["node_rank"], name=h["name"], state=HostState(h["state"]),
                 cleanup=Cleanup(h["cleanup"]) if h["cleanup"] else None, error=h["error"],
                 supervisor_pid=h["supervisor_pid"], pushed_bytes=h["pushed_bytes"], push_seconds=h["push_seconds"],
-                restarts=h["restarts"] or 0)
+                restarts=h["restarts"] or 0, relayed_bytes=h["relayed_bytes"] or 0)
                 for h in self._db.execute("SELECT * FROM hosts WHERE run_id = ? ORDER BY node_rank", (run_id,)))
             ranks = tuple(RankResult(
                 rank=r["rank"], node_rank=r["node_rank"], host=r["host"], state=RankState(r["state"]),

@@ -224,6 +224,13 @@ def cmd_reach(opts):
             out["connect"] = connect_test(family, addr, opts["port"], opts.get("connect_timeout", 3.0), opts["name"])
         except OSError as exc:
             out["connect"] = {"status": "error", "error": "cannot resolve: " + error_text(exc)}
+    peer = opts.get("peer")
+    if peer:  # the relay chain: this host opens the connection to the next host's program (hosts/relay.py)
+        try:
+            family, addr, _ = resolve(peer["addr"], peer["port"])
+            out["relay"] = connect_test(family, addr, peer["port"], opts.get("connect_timeout", 3.0), opts["name"])
+        except OSError as exc:
+            out["relay"] = {"status": "error", "error": "cannot resolve: " + error_text(exc)}
     say({"reach": out})
     return 0
 

@@ -26,7 +26,7 @@ ssh_config), cli.
 
 from .cluster import Cluster
 from .common import USER, ClusterError, HostInfo, Proc
-from .dockercli import docker_unavailable_reason
+from .dockercli import docker_bin, docker_unavailable_reason
 from .image import build_image
 
-__all__ = ["Cluster", "ClusterError", "HostInfo", "Proc", "USER", "build_image", "docker_unavailable_reason"]
+__all__ = ["Cluster", "ClusterError", "HostInfo", "Proc", "USER", "build_image", "docker_bin", "docker_unavailable_reason"]

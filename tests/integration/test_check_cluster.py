@@ -46,8 +46,10 @@ def test_the_healthy_cluster_passes_every_check(cr, cluster):
     hosts = by_host(report)
     assert list(hosts) == HOSTS and all(set(c) == set(CHECKS) for c in hosts.values())
     for name, c in hosts.items():
-        assert {k: v["status"] for k, v in c.items() if v["status"] != "ok"} == \
-            ({"cuda": "skip", "shared": "skip"} if name == "node0" else {"cuda": "skip", "port": "skip", "shared": "skip"})
+        skipped = {"cuda": "skip", "shared": "skip"} if name == "node0" else {"cuda": "skip", "port": "skip", "shared": "skip"}
+        if name == "node3":
+            skipped["relay"] = "skip"  # the last host of the relay chain passes nothing on
+        assert {k: v["status"] for k, v in c.items() if v["status"] != "ok"} == skipped
         assert c["python"]["data"] == {"version": c["python"]["data"]["version"], "executable": "/opt/venv/bin/python"}
         assert c["torch"]["data"]["version"] == "2.13.0+cpu"
         # eth0 on a fresh cluster; a host crashed and started again by an earlier test gets its network anew
@@ -89,6 +91,19 @@ def test_a_firewall_that_drops_packets_makes_the_connect_check_time_out(cr, clus
     connect = by_host(report)["node2"]["connect"]
     assert connect["data"]["status"] == "timeout" and "a firewall drops the packets" in connect["detail"]
     assert "allow TCP" in connect["hint"]
+
+
+def test_a_host_that_cannot_reach_the_next_one_warns_that_relay_pushes_fall_back(cr, cluster):
+    cluster.block("node1", "node2")  # the relay chain's link node1 -> node2 is cut; everything else works
+    code, report, _ = check(cr, cr.inventory())
+    assert statuses(report, "relay") == {"node0": "ok", "node1": "warn", "node2": "ok", "node3": "skip"}
+    relay = by_host(report)["node1"]["relay"]
+    assert relay["detail"].startswith(f"cannot connect to node2 ({cluster.host('node2').address}): no route")
+    assert "fall back to direct pushes" in relay["detail"] and "relay: false" in relay["hint"]
+    assert by_host(report)["node0"]["relay"]["detail"].startswith(f"→ node1 ({cluster.host('node1').address}) in ")
+    off = cr.inventory("off.yaml", top={"push": {"relay": False}})
+    code, report, _ = check(cr, off)
+    assert statuses(report, "relay") == dict.fromkeys(HOSTS, "skip")
 
 
 def test_another_python_on_one_host_is_named(cr):

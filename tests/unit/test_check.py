@@ -278,6 +278,30 @@ def test_evaluate_judges_all_hosts_together(tmp_path):
     assert report.notes == ("Python differs between hosts: 3.11 on n0; 3.10 on n1",)
 
 
+def test_the_relay_chain_is_judged_link_by_link_and_a_broken_link_only_warns(tmp_path):
+    inv = _inv(tmp_path, hosts=4)
+    listener = ListenerSeen({"ready": True, "pid": 1, "port": {"free": True, "port": 29500}}, "", ())
+    ok = {"status": "ok", "ms": 0.4}
+    reaches = [{"relay": ok}, {"relay": {"status": "timeout", "seconds": 3}}, {"relay": ok}, {}]
+    observed = [_observed(inv, i, _facts(source=f"10.0.0.1{i}"), r) for i, r in enumerate(reaches)]
+    report = evaluate(inv, observed, listener, "10.0.0.10", 29500, push_bytes=1000,
+                      relay_seen={1: frozenset({"n0"}), 2: frozenset(), 3: frozenset()})
+    n0, n1, n2, n3 = (h.get("relay") for h in report.hosts)
+    assert n0.status == "ok" and "n1 (10.0.0.11)" in n0.detail
+    assert n1.status == "warn" and "cannot connect to n2 (10.0.0.12): no answer within 3 s" in n1.detail
+    assert "fall back to direct pushes" in n1.detail and "push: {relay: false}" in n1.hint
+    assert n2.status == "warn" and "did not see this host" in n2.detail  # connected somewhere, not to n3
+    assert n3.status == "skip" and "last host" in n3.detail
+    assert report.hosts[1].ok  # a warning: the push still works, directly
+
+    off = parse_inventory("version: 1\nhosts: [{name: a, host: 10.0.0.1}, {name: b, host: 10.0.0.2}, "
+                          "{name: c, host: 10.0.0.3}]\npush: {relay: false}\njob: {script: job.py}\n",
+                          str(tmp_path / "inv.yaml"))
+    report = evaluate(off, [_observed(off, i, _facts()) for i in range(3)], listener, "10.0.0.1", 29500, push_bytes=1)
+    assert {h.get("relay").status for h in report.hosts} == {"skip"}
+    assert "relay: false" in report.hosts[0].get("relay").detail
+
+
 def test_a_port_in_use_skips_the_connections_and_says_why(tmp_path):
     inv = _inv(tmp_path)
     listener = ListenerSeen({"ready": True, "pid": 1, "port": {"free": False, "error": "EADDRINUSE in use"}}, "", ())

@@ -62,8 +62,8 @@ class FakeHost:
 
 
 class FakeHeld:
-    def __init__(self, host, result, port):
-        self.h, self.result, self.port = host, result, port
+    def __init__(self, host, result, port, coordinator_port=None):
+        self.h, self.result, self.port, self.coordinator_port = host, result, port, coordinator_port
         self.facts = {"python": "3.11.2", "executable": "/usr/bin/python3"}
 
     def start(self, spec):
@@ -81,11 +81,12 @@ class FakeAgent:
     def __init__(self, host):
         self.h = host
 
-    def push(self, run_id, manifest, progress=lambda n: None, want_port=False, check_port=None, master_addr=""):
+    def push(self, run_id, manifest, progress=lambda n: None, want_port=False, check_port=None, master_addr="",
+             relay=None, coordinator=False):
         self.h.world.calls.append(("push", self.h.name))
         progress(manifest.total_bytes)
         return FakeHeld(self.h, PushResult(manifest.total_bytes, 1, len(manifest.files), 0.0),
-                        41234 if want_port else None)
+                        41234 if want_port else None, 50000 if coordinator else None)
 
     def follow(self, run_id, offsets, once=False):
         return FakeStream(self.h)
@@ -167,7 +168,7 @@ timeouts: {host_lost: 1.5, grace: 2}
 """
 
 
-def test_success_runs_phases_in_order_and_rank0s_host_starts_first(tmp_path):
+def test_success_runs_phases_in_order_and_every_host_starts_at_once(tmp_path):
     w = World(INV, tmp_path)
     t, out = w.run_in_thread(w.runner())
     w.wait_started()
@@ -179,9 +180,9 @@ def test_success_runs_phases_in_order_and_rank0s_host_starts_first(tmp_path):
     outcome = out["outcome"]
     assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
     kinds = [c for c in w.calls if c[0] != "push"]
-    assert kinds[:2] == [("start-begin", "a"), ("start-end", "a")]  # rank 0's host first
-    assert {c for c in kinds[2:]} == {("start-begin", "b"), ("start-begin", "c"), ("start-end", "b"),
-                                      ("start-end", "c")}
+    # rank 0's host bound the supervisors' port during the push: nobody waits for its start
+    assert {c for c in kinds[:3]} == {("start-begin", "a"), ("start-begin", "b"), ("start-begin", "c")}
+    assert w.hosts["b"].spec["peers"]["port"] == 50000 and w.hosts["a"].spec["peers"]["coordinator"]
     assert not any(h.stops for h in w.hosts.values())
     lines = [e for e in w.events if isinstance(e, LogLines)]
     assert sorted((e.host, e.rank, e.data) for e in lines) == [("a", 0, b"hello\n"), ("a", 1, b"hello\n"),

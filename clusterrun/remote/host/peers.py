@@ -101,9 +101,12 @@ class Coordinator:
         self.host_lost = float(conf["host_lost"])
         self.join_by = time.time() + float(conf["join_timeout"])
         self.log = log
-        self.server = socket.socket(socket.AF_INET6 if conf.get("ipv6") else socket.AF_INET, socket.SOCK_STREAM)
-        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.server.bind(("::" if conf.get("ipv6") else "", 0))
+        if conf.get("listen_fd") is not None:  # bound during the push (receive.py): its port is already known
+            self.server = socket.socket(fileno=int(conf["listen_fd"]))
+        else:
+            self.server = socket.socket(socket.AF_INET6 if conf.get("ipv6") else socket.AF_INET, socket.SOCK_STREAM)
+            self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.server.bind(("::" if conf.get("ipv6") else "", 0))
         self.server.listen(64)
         self.server.setblocking(False)
         self.port = self.server.getsockname()[1]

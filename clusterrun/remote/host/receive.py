@@ -18,8 +18,9 @@ import platform
 import shutil
 import socket
 import sys
-import time
 
+from . import relay
+from .cache import CacheIndex, object_path, safe_rel
 from .clean import LOCK_WAIT, cache_lock, hold_receiving
 from .common import CHUNK, Fail, free_port, read_msg, send_msg
 from .setup import run_setup
@@ -44,106 +45,6 @@ def host_facts(port, master_addr):
     return facts
 
 
-def safe_rel(path):
-    parts = path.split("/")
-    if not path or path.startswith("/") or "\0" in path or any(p in ("", ".", "..") for p in parts):
-        raise Fail("unsafe path in manifest: %r" % path, "protocol")
-    return os.path.join(*parts)
-
-
-def object_path(cache, sha, executable):
-    return os.path.join(cache, sha[:2], sha + ("-x" if executable else ""))
-
-
-class CacheIndex:
-    """What each cached object looked like when it was stored: `cache/objects.log`, one line per object
-    stored or checked ("sha exec size mtime_ns"; the last line of an object wins), appended atomically.
-
-    Run folders are hard links into the cache, so a job that writes to a pushed file (as root, or after a
-    chmod) changes the cached object. Before an object is linked into a new run, it is compared with
-    its line (size, mtime, read-only mode); when they differ, its SHA-256 decides: the same content is
-    noted afresh, a changed one is dropped, fetched again, and the event logged in `cache/events.log`."""
-
-    def __init__(self, cache):
-        self.cache = cache
-        self.path = os.path.join(cache, "objects.log")
-        self.known = None
-        self.pending = []  # lines of objects this push stored: written only once the push succeeded
-
-    def _load(self):
-        self.known = {}
-        try:
-            with open(self.path, "rb") as fh:
-                for line in fh:
-                    parts = line.split()
-                    if len(parts) == 4:
-                        self.known[(parts[0].decode(), parts[1] == b"1")] = (int(parts[2]), int(parts[3]))
-        except (OSError, ValueError):
-            pass
-
-    def note(self, sha, exe, st, later=False):
-        """Record what the object looks like now (later: once the push has succeeded, see flush)."""
-        line = "%s %d %d %d\n" % (sha, 1 if exe else 0, st.st_size, st.st_mtime_ns)
-        if later:
-            self.pending.append(line)
-        else:
-            self._append(line)
-        if self.known is not None:
-            self.known[(sha, bool(exe))] = (st.st_size, st.st_mtime_ns)
-
-    def flush(self):
-        if self.pending:
-            self._append("".join(self.pending))
-            self.pending = []
-
-    def _append(self, text):
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-
-    def check(self, sha, exe, size, path):
-        """"ok" when the object at path holds its content, "missing", or "changed" (then it was removed,
-        and the event logged)."""
-        if self.known is None:
-            self._load()
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return "missing"
-        readonly = not (st.st_mode & 0o222)
-        if readonly and st.st_size == size and self.known.get((sha, bool(exe))) == (size, st.st_mtime_ns):
-            return "ok"
-        if st.st_size == size and _sha256(path) == sha:
-            self.note(sha, exe, st)  # the same content (touched, or stored by an older version): fine
-            if not readonly:
-                os.chmod(path, 0o555 if exe else 0o444)
-            return "ok"
-        self.event("object %s was changed after it was stored (a job writing to a pushed file?): dropped, "
-                   "fetched again" % sha)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        return "changed"
-
-    def event(self, text):
-        fd = os.open(os.path.join(self.cache, "events.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, ("%s %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), text)).encode())
-        finally:
-            os.close(fd)
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def cmd_receive(workdir, run_dir):
     """Receive objects the host's content cache lacks, then build RUN_DIR/job from hard links."""
     push = Push(workdir, run_dir)
@@ -155,6 +56,21 @@ def cmd_receive(workdir, run_dir):
         if push.made_run_dir and not os.path.exists(os.path.join(run_dir, "spec.json")):
             push.undo()
         raise
+
+
+class StdinSource:
+    """Object bytes from the controller (the SSH channel's stdin)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.bytes = 0
+
+    def readinto(self, view):
+        n = self.stream.readinto(view)
+        if not n:
+            raise Fail("the controller went away during the push", "aborted")
+        self.bytes += n
+        return n
 
 
 class Push:
@@ -169,10 +85,20 @@ class Push:
         self.repaired = []  # objects found changed in the cache: fetched again
         self.made_run_dir = False
         self.created = []  # objects this push added to the cache
-        self.received = 0  # object bytes read from the controller so far
+        self.source = StdinSource(self.stdin)  # object bytes from the controller
+        self.expect = 0  # how many the controller sends in this phase (drained after an error)
+        self.relayed = 0  # object bytes that came from the upstream host (relay.py)
+        self.relay_notes = []  # what went wrong on the relay path (the push then fell back to direct)
+        self.downstream = None  # the socket to the next host in the relay chain
+        self.coordinator = None  # rank 0's host: the peers' listening socket, handed to the supervisor
+        self.buf = memoryview(bytearray(CHUNK))  # one buffer for every read: no allocation per chunk
         self.current = ""  # the path being written (named in an error)
         self.lock = None  # the cache's lock, shared (clean.py)
         self._folders = set()  # folders known to exist: a makedirs per file was most of a small-file push
+
+    @property
+    def received(self):
+        return self.source.bytes
 
     def run(self):
         manifest = read_msg(self.stdin)
@@ -200,24 +126,93 @@ class Push:
         if refusal:
             send_msg(refusal)
             return 1
-        send_msg({"missing": [sha for sha, _, _ in missing], "repaired": self.repaired,
+        ipv6 = ":" in manifest.get("master_addr", "")
+        server = relay.listener(ipv6) if manifest.get("relay") else None
+        if manifest.get("coordinator"):  # bound now, inherited by the supervisor: every host can start at once
+            self.coordinator = relay.listener(ipv6)
+        send_msg({"missing": [sha for sha, _, _ in missing], "missing_objects": missing, "repaired": self.repaired,
                   "port": free_port() if manifest.get("free_port") else None,
+                  "relay_port": server.getsockname()[1] if server else None,
+                  "coordinator_port": self.coordinator.getsockname()[1] if self.coordinator else None,
                   "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""))})
         try:
-            for sha, size, exe in missing:
-                self.receive_object(sha, size, exe)
+            if server is not None:
+                self.receive_relayed(read_msg(self.stdin)["relay"], missing, server)
+            else:
+                self.expect = need
+                for sha, size, exe in missing:
+                    self.receive_object(sha, size, exe, self.source)
             self.build_tree(manifest, files)
         except (OSError, Fail) as exc:
             self.undo()
-            self.drain(need - self.received)  # so that the controller gets to read the answer
+            self.drain(self.expect - self.received)  # so that the controller gets to read the answer
             send_msg(self.answer(exc))
             return 1
+        finally:
+            if server is not None:
+                server.close()
         self.index.flush()
         self.release()  # every object is linked into the run folder now: a sweep leaves them be
-        send_msg({"ok": True, "received": self.received, "objects": len(missing), "files": len(files)})
+        send_msg({"ok": True, "received": self.received, "relayed": self.relayed, "relay_notes": self.relay_notes,
+                  "objects": len(missing), "files": len(files)})
         if manifest.get("hold"):
             self.hold_for_start()
         return 0
+
+    def receive_relayed(self, conf, missing, server):
+        """Objects in the order of the chain's stream (conf["objects"]): from the controller (the chain's
+        first host) or the upstream host; keep the ones this host lacks, pass on the ones the next host
+        wants while they arrive. Whatever fails on the relay path, the rest comes from the controller."""
+        want = {(sha, bool(exe)): [sha, size, exe] for sha, size, exe in missing}
+        done = set()
+        run, down = os.path.basename(self.run_dir), conf.get("downstream")
+        if down:
+            try:
+                self.downstream = relay.connect_downstream(down["addr"], down["port"], conf["token"], run,
+                                                           down["node"], conf["wait"])
+            except relay.RelayError as exc:
+                self.relay_notes.append("next host %s: %s" % (down["name"], exc))
+        forward = {(sha, bool(exe)) for sha, _, exe in down["objects"]} if self.downstream else set()
+        source = self.source
+        try:
+            if conf["from"] == "controller":
+                self.expect = sum(size for _, size, _ in conf["objects"])
+            else:
+                source = relay.SocketSource(relay.accept_upstream(server, conf["token"], run, conf["node"],
+                                                                  conf["wait"]), conf["timeout"])
+            for sha, size, exe in conf["objects"]:
+                key = (sha, bool(exe))
+                keep = key in want and key not in done
+                self.receive_object(sha, size, exe, source, keep=keep, forward=key in forward)
+                if keep:
+                    done.add(key)
+        except relay.RelayError as exc:
+            self.close_downstream()  # the hosts after this one fall back too, at once
+            rest = [obj for key, obj in want.items() if key not in done]
+            self.relay_notes.append("from the upstream host: %s" % exc)
+            send_msg({"relay_failed": str(exc), "need": [sha for sha, _, _ in rest]})
+            self.expect = sum(size for _, size, _ in rest)
+            for sha, size, exe in rest:
+                self.receive_object(sha, size, exe, self.source)
+        finally:
+            self.close_downstream()
+            if source is not self.source:
+                self.relayed = source.bytes
+                source.close()
+
+    def close_downstream(self):
+        if self.downstream is not None:
+            self.downstream.close()
+            self.downstream = None
+
+    def pass_on(self, chunk):
+        """Bytes to the next host; if it went away it falls back on its own: stop sending, go on here."""
+        if self.downstream is not None:
+            try:
+                self.downstream.sendall(chunk)
+            except OSError as exc:
+                self.relay_notes.append("next host: %s" % (exc.strerror or exc))
+                self.close_downstream()
 
     def missing(self, files):
         """[sha, size, exec] of each object the cache lacks (or holds changed), once; every path, id and
@@ -261,29 +256,36 @@ class Push:
             os.makedirs(path, 0o700, exist_ok=True)
             self._folders.add(path)
 
-    def receive_object(self, sha, size, exe):
-        """One object from stdin into the cache, hashed as it is written; it enters only if it matches."""
+    def receive_object(self, sha, size, exe, source, keep=True, forward=False):
+        """One object from source (read into one reused buffer) into the cache, hashed as it is written; it
+        enters only if it matches. keep=False: only passed on (forward: to the next host, as it arrives)."""
         final = object_path(self.cache, sha, exe)
-        self.current = final
-        self.folder(os.path.dirname(final))
-        tmp = "%s.tmp-%d" % (final, os.getpid())
-        digest = hashlib.sha256()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o555 if exe else 0o444)
+        tmp, fd, digest = None, -1, None
+        if keep:
+            self.current = final
+            self.folder(os.path.dirname(final))
+            tmp = "%s.tmp-%d" % (final, os.getpid())
+            digest = hashlib.sha256()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o555 if exe else 0o444)
         try:
             left = size
             while left:
-                chunk = self.stdin.read(min(left, CHUNK))
-                if not chunk:
-                    raise Fail("the controller went away during the push", "aborted")
-                self.received += len(chunk)
-                digest.update(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
-                left -= len(chunk)
+                n = source.readinto(self.buf[:min(left, len(self.buf))])
+                chunk = self.buf[:n]
+                if forward:
+                    self.pass_on(chunk)
+                if keep:
+                    digest.update(chunk)
+                    while chunk:
+                        chunk = chunk[os.write(fd, chunk):]
+                left -= n
+            if not keep:
+                return
             os.close(fd)
             fd = -1
             if digest.hexdigest() != sha:
+                if source is not self.source:
+                    raise relay.RelayError("content of %s arrived corrupted from the upstream host" % sha)
                 raise Fail("content of %s arrived corrupted" % sha, "corrupt")
             os.replace(tmp, final)
             self.created.append(final)
@@ -291,7 +293,8 @@ class Push:
         except BaseException:
             if fd >= 0:
                 os.close(fd)
-            os.unlink(tmp)
+            if tmp is not None:
+                os.unlink(tmp)
             raise
 
     def build_tree(self, manifest, files):
@@ -338,10 +341,10 @@ class Push:
     def drain(self, left):
         """Read (and drop) what the controller still sends."""
         while left > 0:
-            chunk = self.stdin.read(min(left, CHUNK))
-            if not chunk:
+            n = self.stdin.readinto(self.buf[:min(left, len(self.buf))])
+            if not n:
                 break
-            left -= len(chunk)
+            left -= n
 
     def answer(self, exc):
         if isinstance(exc, OSError):
@@ -361,4 +364,7 @@ class Push:
         except (Fail, EOFError):
             self.undo()  # the run folder, and the objects this push added to the cache
             return
-        send_msg({"state": start_run(self.run_dir, message["start"])})
+        spec = message["start"]
+        if self.coordinator is not None and (spec.get("peers") or {}).get("coordinator"):
+            spec["peers"]["listen_fd"] = self.coordinator.fileno()  # the supervisor (a fork) keeps it open
+        send_msg({"state": start_run(self.run_dir, spec)})
