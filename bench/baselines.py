@@ -59,9 +59,19 @@ def pdsh_command(cluster: BenchCluster, command: str) -> Tuple[List[str], Dict[s
             "-w", ",".join(cluster.addresses), command], env
 
 
-def floor(cluster: BenchCluster) -> List[str]:
+def floor(cluster: BenchCluster, command: str = "true") -> List[str]:
+    """paramiko: connect to every host at once and run one command (`true`: the least any SSH launcher can do)."""
     return [sys.executable, str(TOOLS), "floor", "--hosts", ",".join(cluster.addresses), "--user", cluster.user,
-            "--key", cluster.key, "--known-hosts", cluster.known_hosts]
+            "--key", cluster.key, "--known-hosts", cluster.known_hosts, "--command", command]
+
+
+def floor_job(cluster: BenchCluster, script: str, args: Sequence[str], folder: str,
+              master_port: int = 29510) -> List[str]:
+    """The fair floor: the same paramiko fan-out, each host starting the job's Python (detached, its rank
+    from its name as with pdsh), timed like clusterrun: to the last rank's first statement."""
+    remote = "r=$(hostname); r=${r#node}; " + rank_command(cluster, "$r", script, args, folder=folder,
+                                                                 master_port=master_port)
+    return floor(cluster, remote)
 
 
 def sftp(cluster: BenchCluster, src: Path, dest: str) -> List[str]:

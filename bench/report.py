@@ -28,6 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 # minutes); the figure is the median over repetitions of those per-repetition ratios.
 PAIRS = {  # section: (name, numerator method, denominator method, metric)
     "launch": [("clusterrun/floor", "clusterrun", "floor", "time"),
+               ("clusterrun/fair-floor", "clusterrun", "floor-job", "time"),
+               ("cpu clusterrun/fair-floor", "clusterrun", "floor-job", "total_cpu"),
+               ("pdsh/clusterrun", "pdsh", "clusterrun", "time"),
                ("ssh-serial/clusterrun", "ssh-serial", "clusterrun", "time"),
                ("clusterrun/pdsh", "clusterrun", "pdsh", "time")],
     "push": [("sftp/clusterrun", "sftp", "clusterrun", "time"),
@@ -94,6 +97,15 @@ def evaluate(summary: Dict) -> List[dict]:
         pr = lambda name, h=h: get(summary, "launch", h, "ratio", name)  # noqa: E731
         r = pr("clusterrun/floor")
         add("launch ≤ 1.3× the floor", h, r, None if r is None else r <= 1.3, tables.times(r))
+        r = pr("clusterrun/fair-floor")
+        add("launch ≤ 1.5× the fair floor (paramiko starting the job's Python)", h, r,
+            None if r is None else r <= 1.5, tables.times(r))
+        r = pr("pdsh/clusterrun")
+        add("launch ≥ 3× faster than pdsh" + (" (target at 16 hosts)" if int(h) < 16 else ""), h, r,
+            None if r is None else (r >= 3 if int(h) >= 16 else None), tables.times(r))
+        r = pr("cpu clusterrun/fair-floor")
+        add("CPU per launch (controller + hosts) ≤ 2× the fair floor's", h, r, None if r is None else r <= 2,
+            tables.times(r))
         r = pr("ssh-serial/clusterrun")
         add("launch ≥ 5× faster than the serial ssh loop" + (" (target at 16 hosts)" if int(h) < 16 else ""),
             h, r, None if r is None else (r >= 5 if int(h) >= 16 else None), tables.times(r))

@@ -48,14 +48,19 @@ def launch(v: View) -> List[str]:
     for h in v.hosts("launch"):
         t = lambda m, h=h: num(v("launch", h, m, "time"))  # noqa: E731
         phases = " / ".join(num(v("launch", h, "clusterrun", f"phase_{p}")) for p in ("connect", "push", "start"))
-        rows.append([h, t("clusterrun"), t("floor"), num(v("launch", h, "floor", "inner")), t("ssh-serial"), t("pdsh"),
+        cpu = lambda m, h=h: num(v("launch", h, m, "total_cpu"))  # noqa: E731
+        rows.append([h, t("clusterrun"), t("floor"), num(v("launch", h, "floor", "inner")), t("floor-job"),
+                     t("ssh-serial"), t("pdsh"),
                      times(v.ratio("launch", h, "clusterrun/floor")),
+                     times(v.ratio("launch", h, "clusterrun/fair-floor")),
                      times(v.ratio("launch", h, "ssh-serial/clusterrun")),
-                     times(v.ratio("launch", h, "clusterrun/pdsh")), phases])
+                     times(v.ratio("launch", h, "clusterrun/pdsh")), f"{cpu('clusterrun')} / {cpu('floor-job')}",
+                     phases])
     return ["## Launch: command → every rank running", ""] + table(
-        ["hosts", "clusterrun", "floor (paramiko threads: connect + `true`)", "floor in-process", "serial ssh loop",
-         "pdsh", "clusterrun ÷ floor", "serial ÷ clusterrun", "clusterrun ÷ pdsh",
-         "clusterrun phases connect / push / start"], rows)
+        ["hosts", "clusterrun", "floor (paramiko threads: connect + `true`)", "floor in-process",
+         "fair floor (paramiko starting the job's Python)", "serial ssh loop", "pdsh", "clusterrun ÷ floor",
+         "clusterrun ÷ fair floor", "serial ÷ clusterrun", "clusterrun ÷ pdsh",
+         "CPU-s controller + hosts: clusterrun / fair floor", "clusterrun phases connect / push / start"], rows)
 
 
 def push(v: View, meta: dict) -> List[str]:

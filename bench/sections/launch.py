@@ -2,8 +2,10 @@
 
 Each rank's first statement stamps time.time() under /shared; launch time = the last rank's stamp
 minus the moment just before the command was spawned (the containers share this machine's clock).
-Methods: clusterrun --detach; the floor (paramiko connect + `true` on every host, a thread each);
-a serial `ssh host 'nohup python ... &'` loop; one pdsh fan-out.
+Methods: clusterrun --detach; the floor (paramiko connect + `true` on every host, a thread each); the
+fair floor (the same paramiko fan-out starting the job's Python on every host, timed like clusterrun to
+the last rank's first statement); a serial `ssh host 'nohup python ... &'` loop; one pdsh fan-out.
+CPU: the controller's (the command and its children) and the hosts' (every process in their containers).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ..context import HOST_JOBS, JOBS, Context
 from ..measure import Done, rotate, run
 
 SECTION = "launch"
-METHODS = ("clusterrun", "floor", "ssh-serial", "pdsh")
+METHODS = ("clusterrun", "floor", "floor-job", "ssh-serial", "pdsh")
 JOB_ARGS = ["--sleep", "0.5"]
 
 
@@ -26,20 +28,26 @@ def run_section(ctx: Context, reps: int) -> None:
     serial = ctx.work / "serial-launch.sh"
     ctx.install_host_jobs()
 
+    cl = ctx.cluster
+
     def clusterrun(tag: str) -> Done:
         return run(ctx.clusterrun("launch", "--detach", inv, "--", "--tag", tag, *JOB_ARGS), env=ctx.env(),
-                   cwd=ctx.cwd, timeout=120)
+                   cwd=ctx.cwd, timeout=120, hosts_cpu=cl.hosts_cpu)
+
+    def floor_job(tag: str) -> Done:
+        return run(baselines.floor_job(cl, "stamp.py", ["--tag", tag, *JOB_ARGS], f"~/{HOST_JOBS}"), timeout=120,
+                   hosts_cpu=cl.hosts_cpu)
 
     def ssh_serial(tag: str) -> Done:
         serial.write_text(baselines.serial_ssh_script(ctx.cluster, "stamp.py", ["--tag", tag, *JOB_ARGS],
                                                       f"~/{HOST_JOBS}"))
-        return run(["bash", str(serial)], timeout=300)
+        return run(["bash", str(serial)], timeout=300, hosts_cpu=cl.hosts_cpu)
 
     def pdsh(tag: str) -> Done:
         argv, env = baselines.pdsh(ctx.cluster, "stamp.py", ["--tag", tag, *JOB_ARGS], f"~/{HOST_JOBS}")
-        return run(argv, env=dict(os.environ, **env), timeout=300)
+        return run(argv, env=dict(os.environ, **env), timeout=300, hosts_cpu=cl.hosts_cpu)
 
-    starters = {"clusterrun": clusterrun, "ssh-serial": ssh_serial, "pdsh": pdsh}
+    starters = {"clusterrun": clusterrun, "floor-job": floor_job, "ssh-serial": ssh_serial, "pdsh": pdsh}
 
     def one(method: str, rep: int, record: bool) -> None:
         tag = f"{SECTION}-{n}-{method}-{rep if record else 'warmup'}"
@@ -59,6 +67,8 @@ def run_section(ctx: Context, reps: int) -> None:
             ctx.rec.add(SECTION, n, method, "time", max(started.values()) - done.t0, rep)
             ctx.rec.add(SECTION, n, method, "command", done.wall, rep)
             ctx.rec.add(SECTION, n, method, "cpu", done.cpu, rep, "cpu-s")
+            ctx.rec.add(SECTION, n, method, "hosts_cpu", done.hosts_cpu, rep, "cpu-s")
+            ctx.rec.add(SECTION, n, method, "total_cpu", done.cpu + done.hosts_cpu, rep, "cpu-s")
             if method == "clusterrun":
                 phases = ctx.latest_run().get("phases") or {}
                 for phase in ("connect", "push", "start"):

@@ -15,6 +15,7 @@ The figure that matters: relay push time at N hosts against the push to 1 host u
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from .push import make_tree
 
 SECTION = "relay"
 CAPS_MBIT = (1000, 200)
+CORES = os.cpu_count() or 1
 DEST = "bench-relay"
 
 
@@ -158,14 +160,16 @@ def markdown(summary: Dict) -> str:
              "Whole `launch --detach` (clusterrun) or parallel `rsync -a` (every host at once), medians; "
              "*push* is clusterrun's push phase; *÷ 1 host* is the push phase against the push to one host "
              "under the same cap (relay where measured, else direct). Hosts' CPU: every process in the hosts' "
-             "containers, which share this machine's 2 cores with the controller.", "",
+             "containers, which share this machine's 2 cores with the controller: that CPU ÷ the cores is the least "
+             "any push can take here, whatever the link (*CPU floor*).", "",
              "| cap | hosts | relay | relay push | direct | direct push | rsync | ÷ 1 host (push) | ÷ 1 host (whole) "
-             "| hosts' CPU relay / direct |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| hosts' CPU relay / direct | relay's CPU floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r['cap']} Mbit/s | {r['hosts']} | {f(r['relay'])} | {f(r['relay_push'])} | {f(r['direct'])} "
                      f"| {f(r['direct_push'])} | {f(r['rsync'])} | {f(r['vs_one'], '×')} | {f(r['vs_one_time'], '×')} "
-                     f"| {f(r['relay_hosts_cpu'])} / {f(r['direct_hosts_cpu'])} |")
+                     f"| {f(r['relay_hosts_cpu'])} / {f(r['direct_hosts_cpu'])} "
+                     f"| {f(r['relay_hosts_cpu'] / CORES if r['relay_hosts_cpu'] else None)} |")
     return "\n".join(lines) + "\n"
 
 

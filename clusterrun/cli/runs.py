@@ -27,14 +27,14 @@ def _complete_runs(ctx, param, incomplete):
 @click.option("--disk", is_flag=True, help="Also the bytes each run keeps on its hosts (logs, outputs).")
 def ps(as_json: bool, last: int, no_reconcile: bool, disk: bool) -> int:
     """List runs; runs whose controller is gone are brought up to date by asking their hosts."""
-    from ..registry.runs import reconcile
-
     registry = store()
     records = []
     for run_id in registry.ids(limit=last):
         record = registry.get(run_id)
         problems = {}
         if not no_reconcile and (not record.terminal or record.cleanup_pending):
+            from ..registry.runs import reconcile  # only where a host must be asked: SSH is a heavy import
+
             record, problems = reconcile(registry, run_id, connect_for(record))
         records.append((record, problems))
     usage = _disk_usage(registry, [r.id for r, _ in records]) if disk else None

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ..errors import HostError
-from ..plan import LaunchPlan, render_node_command, render_rank_command
 from ..registry.store import RunRecord
 
+if TYPE_CHECKING:  # `ps` renders runs without loading the planner (and with it the inventory and YAML)
+    from ..plan import LaunchPlan
 
-def show_plan(plan: LaunchPlan, out: Console, routes: Optional[Dict[str, str]] = None) -> None:
+
+def show_plan(plan: "LaunchPlan", out: Console, routes: Optional[Dict[str, str]] = None) -> None:
     """The dry run: the rank table, how each SSH host is reached (each value and where it came from), then
     the exact line every rank runs (secrets masked)."""
+    from ..plan import render_node_command, render_rank_command
+
     table = Table(title=f"{plan.world_size} ranks on {len(plan.nodes)} hosts · MASTER_ADDR={plan.master_addr} "
                         f"MASTER_PORT={plan.master_port or 'auto'} · {plan.backend} {plan.init_url}",
                   title_justify="left")

@@ -5,6 +5,7 @@ direct push or a clean failure that names the host."""
 import hashlib
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -141,3 +142,32 @@ def test_auto_relays_only_when_it_pays(cr, cluster, tmp_path):
     assert done.returncode == 0, done.stderr
     (run,) = cr.ps()
     assert all(h["relayed_bytes"] == 0 and h["pushed_bytes"] > 1 << 20 for h in run["hosts"])
+
+
+RELAY_MODULE = Path(__file__).resolve().parents[2] / "clusterrun" / "remote" / "host" / "relay.py"
+LISTEN = ("import sys; sys.path.insert(0, '/tmp'); import crrelay; s = crrelay.listener(); "
+          "print(s.getsockname()[1], flush=True); c = crrelay.accept_upstream(s, 'the-token', 'run-1', 1, 20); "
+          "print('accepted', c.recv(5).decode(), flush=True)")
+KNOCK = ("import sys; sys.path.insert(0, '/tmp'); import crrelay\n"
+         "try:\n    c = crrelay.connect_downstream(sys.argv[1], int(sys.argv[2]), sys.argv[3], 'run-1', 1, 5)\n"
+         "except crrelay.RelayError as e:\n    print('refused:', e)\nelse:\n    c.sendall(b'hello'); print('in')\n")
+
+
+def test_a_wrong_token_is_refused_and_the_real_upstream_still_gets_in(cluster, ssh):
+    """The host program's relay handshake between real hosts: node1 listens for its upstream; node0 knocks
+    with the wrong token (refused on both ends, nothing read), then node2 with the right one."""
+    for host in ("node0", "node1", "node2"):
+        rc, _, err = cluster.exec(host, ["sh", "-c", "cat > /tmp/crrelay.py"], input=RELAY_MODULE.read_text())
+        assert rc == 0, err
+    listener = ssh("node1").spawn(f"/opt/venv/bin/python -c {shlex.quote(LISTEN)}")
+    port = listener.readline(timeout=20).strip()
+    assert port.isdigit(), port
+    addr = cluster.host("node1").address
+    rc, out, err = cluster.exec("node0", ["/opt/venv/bin/python", "-c", KNOCK, addr, port, "a-wrong-token"])
+    assert out.startswith("refused:") and "did not prove the push's token" in out, out + err
+    rc, out, err = cluster.exec("node2", ["/opt/venv/bin/python", "-c", KNOCK, addr, port, "the-token"])
+    assert out.strip() == "in", out + err
+    assert listener.readline(timeout=20).strip() == "accepted hello"
+    assert listener.wait(timeout=20)[0] == 0
+    for host in ("node0", "node1", "node2"):
+        cluster.exec(host, ["rm", "-f", "/tmp/crrelay.py"])
