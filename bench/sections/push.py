@@ -11,6 +11,7 @@ push phase alone is recorded beside it. Bytes on the wire are counted on the clu
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -45,6 +46,9 @@ def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 1000) 
     n, cl = ctx.n, ctx.cluster
     tree = ctx.work / "push-tree"
     inv = cl.write_inventory(ctx.work / "push.json", root=tree, script="noop.py", sync=["data/", "code/"])
+    data = json.loads(inv.read_text())
+    data["push"] = {"relay": False}  # the direct path (one SSH channel per host) against scp/rsync; relay.py has its own
+    inv.write_text(json.dumps(data, indent=1) + "\n")
     net = cl.net_bytes
     rng = random.Random(20261130)
 

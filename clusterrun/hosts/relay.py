@@ -63,7 +63,18 @@ class RelayGroup:
     _seats: Dict[int, _Seat] = field(default_factory=dict)
     _gone: set = field(default_factory=set)
     _chain: Optional[List[int]] = None
+    _pays: Optional[bool] = None
     _cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def pays(self, manifest) -> bool:
+        """Whether this push goes through the chain at all, decided once from the manifest (the same for
+        every host): under auto, a job smaller than min_bytes / hosts can never reach the threshold, and
+        its hosts skip the barrier and the extra round trip. Sets the objects' order for the chain."""
+        with self._cond:
+            if self._pays is None:
+                self.order = manifest.object_order()
+                self._pays = manifest.total_bytes * self.expected >= self.min_bytes
+            return self._pays
 
     def fail(self, index: int) -> None:
         """This host will not arrive (connect or push failed before it could say what it lacks)."""

@@ -184,9 +184,8 @@ class Runner(Attempts):
             try:
                 self._connect_node(node)
                 connected.append(time.monotonic())
-                if relay is not None:
-                    relay.order = relay.order or manifest.result().object_order()
-                self._push(node, manifest.result(), plan, relay)
+                self._push(node, manifest.result(), plan, relay if relay is not None and
+                           relay.pays(manifest.result()) else None)
             except BaseException:
                 if relay is not None:
                     relay.fail(node.node_rank)

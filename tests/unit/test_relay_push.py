@@ -11,6 +11,7 @@ import pytest
 from clusterrun.config.inventory import Timeouts
 from clusterrun.hosts.client import HostClient
 from clusterrun.hosts.relay import RelayGroup, relay_wanted
+from clusterrun.hosts.relay import for_push as relay_for_push
 from clusterrun.remote.host import relay as host_relay
 from clusterrun.transport.local import LocalTransport
 from test_host_side import make_host, project
@@ -127,3 +128,20 @@ def test_a_wrong_token_is_refused_before_any_byte():
 def test_relay_is_chosen_when_it_pays():
     assert not relay_wanted("auto", 2, 1 << 30) and not relay_wanted("auto", 8, 1 << 20)
     assert relay_wanted("auto", 8, 64 << 20) and relay_wanted("true", 2, 10) and not relay_wanted("false", 16, 1 << 30)
+
+
+def test_a_job_too_small_to_pay_skips_the_chain_for_every_host():
+    class Manifest:
+        def __init__(self, size):
+            self.total_bytes = size
+
+        def object_order(self):
+            return {"a" * 64: 0}
+
+    t = Timeouts()
+    small = relay_for_push("auto", 4, t)
+    assert small is not None and not small.pays(Manifest(1 << 20))  # 4 x 1 MiB < 16 MiB: no barrier, no chain
+    big = relay_for_push("auto", 4, t)
+    assert big.pays(Manifest(5 << 20)) and big.order == {"a" * 64: 0}
+    assert relay_for_push("true", 2, t).pays(Manifest(10))  # true: always, however small
+    assert relay_for_push("false", 16, t) is None
