@@ -49,7 +49,9 @@ class HostClient:
     # -------------------------------------------------------------- plumbing
 
     def argv(self, command: str, *args: str) -> List[str]:
-        return [self.host.python, "-c", BOOTSTRAP, self.host.workdir, PROGRAM_ID, command, *args]
+        # -S: the host program is stdlib only, and site's scan of site-packages (.pth files: a big
+        # environment has many) is most of a Python start-up; the ranks start their own Python as usual
+        return [self.host.python, "-S", "-c", BOOTSTRAP, self.host.workdir, PROGRAM_ID, command, *args]
 
     def install(self) -> None:
         done = self.transport.run([self.host.python, "-c", INSTALLER, self.host.workdir, PROGRAM_ID], stdin=SOURCE,

@@ -3,10 +3,7 @@ id, and the one-line bootstrap and installer that run it with the host's Python.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
-import zipfile
 
 _HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host")
 _MAIN = b"import sys\nfrom clusterrun_host.main import main\nsys.exit(main(sys.argv))\n"
@@ -15,6 +12,9 @@ _MAIN = b"import sys\nfrom clusterrun_host.main import main\nsys.exit(main(sys.a
 def _build_zip() -> bytes:
     """The package as one zip with a __main__.py (it travels in one write and is unpacked on the host);
     fixed timestamps keep its bytes, and so its id, the same wherever it is built from the same sources."""
+    import io
+    import zipfile
+
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
         entries = [("__main__.py", _MAIN)]
@@ -29,11 +29,25 @@ def _build_zip() -> bytes:
     return buf.getvalue()
 
 
-SOURCE: bytes = _build_zip()
+_BUILT: dict = {}
 
-# Hosts keep every version they were sent under its content id, so controllers of different versions
-# can work on the same host side by side.
-PROGRAM_ID = hashlib.sha256(SOURCE).hexdigest()[:16]
+
+def __getattr__(name: str):
+    """SOURCE (the zip) and PROGRAM_ID (its content id), built on first use: commands that never talk to
+    a host program (`ps` from the registry, `--help`) do not pay for zipping and hashing it.
+
+    Hosts keep every version they were sent under its content id, so controllers of different versions
+    can work on the same host side by side."""
+    if name in ("SOURCE", "PROGRAM_ID"):
+        if not _BUILT:
+            import hashlib
+
+            source = _build_zip()
+            _BUILT.update(SOURCE=source, PROGRAM_ID=hashlib.sha256(source).hexdigest()[:16])
+        return _BUILT[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 EXIT_PROGRAM_MISSING = 97
 
 # One line each (csh and fish also run them): find the program under the workdir and run it, or exit
