@@ -6,13 +6,10 @@ import socket
 import sys
 import time
 
-from .clean import cmd_clean, cmd_runs
 from .common import CAT_LIMIT, Fail, free_port, job_dir, reply, run_root, send_msg
-from .follow import cmd_follow
-from .receive import cmd_receive
-from .runstate import cmd_status
-from .stop import cmd_stop
-from .supervise import cmd_start
+
+# Each command imports only its own modules: every push, follow and stop starts this program anew, and
+# on a host that runs many ranks (or a test box that plays many hosts) its start-up is CPU of its own.
 
 
 
@@ -63,14 +60,19 @@ def main(argv):
 
     try:
         if command == "receive":
+            from .receive import cmd_receive
             return cmd_receive(workdir, run_dir())
         if command == "start":
+            from .supervise import cmd_start
             return cmd_start(run_dir())
         if command == "follow":
+            from .follow import cmd_follow
             return cmd_follow(run_dir(), args[1], once="--once" in args[2:])
         if command == "status":
+            from .runstate import cmd_status
             return cmd_status(run_dir())
         if command == "stop":
+            from .stop import cmd_stop
             return cmd_stop(run_dir(), float(args[1]), args[2] if len(args) > 2 else "stopped")
         if command == "cat":
             return cmd_cat(run_dir(), args[1])
@@ -79,8 +81,10 @@ def main(argv):
         if command == "probe":
             return cmd_probe(workdir)
         if command == "runs":
+            from .clean import cmd_runs
             return cmd_runs(workdir)
         if command == "clean":
+            from .clean import cmd_clean
             return cmd_clean(workdir)
         raise Fail("unknown command %r" % command, "protocol")
     except Fail as exc:
