@@ -97,7 +97,11 @@ def connect_downstream(addr, port, token, run, node, wait):
             raise RelayError("%s:%d is not a clusterrun relay" % (addr, port))
         nonce_u = os.urandom(NONCE)
         conn.sendall(nonce_u + _mac(token, b"up", hello[len(MAGIC):], run, node))
-        if not hmac.compare_digest(_read(conn, MAC, deadline), _mac(token, b"down", nonce_u, run, node)):
+        try:
+            proof = _read(conn, MAC, deadline)
+        except RelayError as exc:
+            raise RelayError("%s:%d did not accept the push's token (%s)" % (addr, port, exc)) from None
+        if not hmac.compare_digest(proof, _mac(token, b"down", nonce_u, run, node)):
             raise RelayError("%s:%d did not prove the push's token" % (addr, port))
         conn.settimeout(None)
         return conn
