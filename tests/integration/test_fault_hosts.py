@@ -87,3 +87,7 @@ def test_a_worker_that_cannot_reach_the_master_ends_the_job(cr, cluster):
     assert "Root cause" in done.stderr
     assert took < 10 + 30, took  # the rendezvous timeout handed to the job, plus start-up
     check_invariants(cr, cluster, expect_state="failed")
+    # node2's supervisor could not join node0's (the block): node0's stays up for it until the join
+    # timeout (timeouts.command + host_lost after its start), then ends by itself
+    cluster.unblock("node2")
+    wait_for(lambda: not cluster.orphans(["node0"]), timeout=30, what="node0's supervisor ended")
