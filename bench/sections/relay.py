@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .. import baselines
+from .. import baselines, plotting
 from ..context import Context
 from ..measure import rotate, run, run_parallel
 from .push import make_tree
@@ -177,10 +177,7 @@ def plot(summary: Dict, path: Path) -> bool:
     table = rows(summary)
     if not table:
         return False
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plotting.pyplot()
     fig, axes = plt.subplots(1, len(CAPS_MBIT), figsize=(6.2 * len(CAPS_MBIT), 4.4), squeeze=False)
     for ax, cap in zip(axes[0], CAPS_MBIT):
         mine = [r for r in table if r["cap"] == cap]
@@ -191,14 +188,6 @@ def plot(summary: Dict, path: Path) -> bool:
                 pts = sorted(pts + [(r["hosts"], r["direct"]) for r in mine if r["hosts"] == 1 and r["direct"]])
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=label, lw=2.5 if key == "relay" else 1.3)
-        ax.set_title(f"Push 100 MB to N hosts, controller link {cap} Mbit/s", fontsize=11)
-        ax.set_xlabel("hosts")
-        ax.set_ylabel("seconds (median, whole command)")
-        ax.set_xticks(sorted({r["hosts"] for r in mine}))
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+        plotting.finish_axes(ax, f"Push 100 MB to N hosts, controller link {cap} Mbit/s",
+                             "seconds (median, whole command)", {r["hosts"] for r in mine})
+    return plotting.save(fig, path)

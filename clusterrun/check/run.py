@@ -24,7 +24,7 @@ from ..config.inventory import Host, Inventory
 from ..errors import ClusterrunError, HostError, RemoteCommandError
 from ..hosts.client import HostClient, make_connect
 from ..hosts.group import fan_out
-from ..hosts.relay import RELAY_MIN_HOSTS
+from ..hosts.relay import relay_wanted
 from .net import connect_result, iface_result, relay_result, shared_result
 from .probe import Listener, ProbeAnswer, Started, reach
 from .rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result, clock_skew,
@@ -114,7 +114,7 @@ class _Session:
         self.clients: List[HostClient] = []
         self._lock = threading.Lock()
         # the relay chain (hosts/relay.py): host j connects to host j+1, which listens while the probes run
-        self.chain = inv.relay != "false" and len(inv.hosts) >= (2 if inv.relay == "true" else RELAY_MIN_HOSTS)
+        self.chain = relay_wanted(inv.relay, len(inv.hosts))
         self.relay_listeners: Dict[int, Listener] = {}
         self.relay_ready = [threading.Event() for _ in inv.hosts]
 

@@ -8,7 +8,9 @@ thread gets its host's instructions. Host j's stream is every object that hosts 
 manifest order: a host passes on bytes it already had, and keeps what it lacked.
 
 When it pays (`push: {relay: auto}`): with at least RELAY_MIN_HOSTS hosts and at least RELAY_MIN_BYTES
-to send to some host; below that the direct path costs no more (bench/sections/relay.py).
+for the hosts to receive together; below that the direct path costs no more (bench/sections/relay.py).
+The bytes are judged twice: the manifest times the hosts decides whether the chain is set up at all
+(`pays`), what the hosts say they lack, together, whether it is used (`_lay_out`).
 """
 
 from __future__ import annotations
@@ -25,17 +27,18 @@ RELAY_MIN_BYTES = 16 << 20
 Obj = Tuple[str, int, bool]  # sha256, size, executable
 
 
-def relay_wanted(mode: str, hosts: int, job_bytes: int) -> bool:
-    """Should a push of job_bytes (at most) to this many hosts go through the relay? mode: auto|true|false."""
+def relay_wanted(mode: str, hosts: int, job_bytes: Optional[int] = None) -> bool:
+    """Should a push of job_bytes (for all hosts together; None: not known yet) to this many hosts go
+    through the relay? mode: auto|true|false."""
     if mode == "false" or hosts < 2:
         return False
-    return mode == "true" or (hosts >= RELAY_MIN_HOSTS and job_bytes >= RELAY_MIN_BYTES)
+    return mode == "true" or (hosts >= RELAY_MIN_HOSTS and (job_bytes is None or job_bytes >= RELAY_MIN_BYTES))
 
 
 def for_push(mode: str, hosts: int, timeouts) -> "Optional[RelayGroup]":
     """The chain for a push to this many hosts, or None for direct pushes. Under auto the bytes decide
     when the chain is laid out (the hosts have said what they lack by then)."""
-    if not relay_wanted(mode, hosts, RELAY_MIN_BYTES):
+    if not relay_wanted(mode, hosts):
         return None
     return RelayGroup(hosts, wait=timeouts.command, connect_wait=timeouts.connect, silence=timeouts.command,
                       min_bytes=0 if mode == "true" else RELAY_MIN_BYTES)
