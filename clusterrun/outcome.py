@@ -1,5 +1,6 @@
-"""How a run ended, worked out in one place: the live monitor and `ps`/`stop` (the registry) both call
-`decide`, so the same rank reads the same wherever it is shown.
+"""How a run ended, worked out in one place: the live monitor, the attempt loop, the launch's failures,
+and `ps`/`stop` (the registry) all get their verdict from here, so the same rank reads the same wherever
+it is shown, and no other module builds a `RunOutcome` or names a run's final state (a test holds this).
 
 The root cause leads (torchrun's "first observed failure"): of the ranks that failed or were lost, the
 one that ended first on the controller's clock (host clocks corrected), ties broken by rank.
@@ -9,16 +10,19 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence, Tuple
+import time
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
-from .errors import EXIT_FAILED
+from .errors import EXIT_FAILED, ClusterrunError, HostsFailed
 from .states import RankState, RunState
 
 
 @dataclass(frozen=True)
 class RankResult:
-    """One rank as it ended (or stands): live in the monitor, or read back from the registry."""
+    """One rank as it ended (or stands), its times on the controller's clock: built from a host's exit
+    record (`from_exit`, which corrects the host's clock) or read back from the registry (`from_record`)."""
 
     rank: int
     node_rank: int
@@ -33,6 +37,37 @@ class RankResult:
     note: str = ""
     stop_reason: str = ""  # why it was stopped, when it was (time-limit, failed elsewhere, ...)
 
+    @classmethod
+    def from_exit(cls, rank: int, node_rank: int, host: str, info: Mapping[str, Any], *, clock_offset: float,
+                  log_path: str = "") -> "RankResult":
+        """A host's exit record (remote/host/run/supervisor.py writes them); clock_offset: that host's clock
+        minus this one's, so every time lands on the controller's clock."""
+        started, ended = info.get("started_at"), info.get("ended_at")
+        return cls(rank, node_rank, host, exit_state(info), exit_code=info.get("exit_code"),
+                   signal=info.get("signal"), started_at=started - clock_offset if started else None,
+                   ended_at=ended - clock_offset if ended else time.time(), log_path=log_path,
+                   note=info.get("error") or "", stop_reason=info.get("stop_reason") or "")
+
+    @classmethod
+    def lost(cls, rank: int, node_rank: int, host: str, why: str, *, ended_at: Optional[float] = None,
+             log_path: str = "") -> "RankResult":
+        """A rank whose end nobody could record: its host went silent, or no exit status arrived."""
+        return cls(rank, node_rank, host, RankState.LOST, ended_at=ended_at, log_path=log_path, note=why)
+
+    @classmethod
+    def from_record(cls, row: Mapping[str, Any], log_path: str = "") -> "RankResult":
+        """A rank as the registry keeps it (a row of `ranks`, or an archived attempt's JSON: same keys)."""
+        return cls(rank=row["rank"], node_rank=row["node_rank"], host=row["host"], state=RankState(row["state"]),
+                   exit_code=row["exit_code"], signal=row["signal"], started_at=row["started_at"],
+                   ended_at=row["ended_at"], log_path=log_path, note=row["note"] or "",
+                   stop_reason=row["stop_reason"] or "")
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "node_rank": self.node_rank, "host": self.host, "state": self.state.value,
+                "exit_code": self.exit_code, "signal": self.signal, "started_at": self.started_at,
+                "ended_at": self.ended_at, "note": self.note or None, "stop_reason": self.stop_reason or None,
+                "result": self.describe()}
+
     @property
     def duration(self) -> Optional[float]:
         if self.started_at is None or self.ended_at is None:
@@ -44,39 +79,20 @@ class RankResult:
         if state is RankState.LOST:
             return f"lost ({self.note})" if self.note else "lost"
         if state is RankState.STOPPED:
-            if self.note:
-                return f"stopped: {self.note}"
-            if self.signal:
-                return f"stopped by clusterrun ({signal_name(self.signal)})"
-            return f"stopped by clusterrun (exit code {self.exit_code})" if self.exit_code is not None \
-                else "stopped by clusterrun"
+            return self._describe_stop()
         if self.signal:
             return f"killed by signal {self.signal} ({signal_name(self.signal)})"
         if self.exit_code is not None:
             return f"exit code {self.exit_code}"
         return self.note or state.value
 
-
-@dataclass(frozen=True)
-class Verdict:
-    state: RunState
-    exit_code: int
-    reason: str
-    root_cause: Optional[RankResult]
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    run_id: str
-    state: RunState
-    exit_code: int
-    reason: str = ""
-    root_cause: Optional[RankResult] = None
-    ranks: Tuple[RankResult, ...] = ()
-    cleanup_pending: Tuple[str, ...] = ()
-    seconds: float = 0.0
-    phases: Tuple[Tuple[str, float], ...] = field(default=())
-    attempts: Tuple["AttemptSummary", ...] = ()  # job.restarts: every attempt, the last one included
+    def _describe_stop(self) -> str:
+        if self.note:
+            return f"stopped: {self.note}"
+        if self.signal:
+            return f"stopped by clusterrun ({signal_name(self.signal)})"
+        return f"stopped by clusterrun (exit code {self.exit_code})" if self.exit_code is not None \
+            else "stopped by clusterrun"
 
 
 @dataclass(frozen=True)
@@ -91,8 +107,38 @@ class AttemptSummary:
     dropped: Tuple[str, ...] = ()  # hosts of the attempt before that it went on without, with why
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """A run's end (or, detached, that it runs on): the one result type, made only in this module."""
+
+    run_id: str
+    state: RunState
+    exit_code: int
+    reason: str = ""
+    root_cause: Optional[RankResult] = None
+    ranks: Tuple[RankResult, ...] = ()
+    cleanup_pending: Tuple[str, ...] = ()
+    seconds: float = 0.0
+    phases: Tuple[Tuple[str, float], ...] = field(default=())
+    attempts: Tuple[AttemptSummary, ...] = ()  # job.restarts: every attempt, the last one included
+
+    @property
+    def failed(self) -> bool:
+        """The run failed (a rank failed or was lost, or it could not start): what a restart follows."""
+        return self.state is RunState.FAILED
+
+
+class EndedBy(str, Enum):
+    """Why clusterrun itself ended a run, when it did."""
+
+    INTERRUPT = "interrupted"  # Ctrl-C
+    TIME_LIMIT = "time-limit"
+    FAILURE = "failed"  # the first-failure teardown
+    USER_STOP = "stopped"  # `clusterrun stop`
+
+
 def exit_state(info: Mapping) -> RankState:
-    """A host's exit record of a rank (remote/host/supervise.py writes them) → the rank's state."""
+    """A host's exit record of a rank → the rank's state."""
     if info.get("lost"):
         return RankState.LOST
     if info.get("exit_code") == 0:
@@ -132,33 +178,100 @@ def root_cause(ranks: Sequence[RankResult]) -> Optional[RankResult]:
     return failures[0] if failures else None
 
 
-def decide(ranks: Sequence[RankResult], *, stop_reason: Optional[str] = None, time_limit: Optional[float] = None,
-           stopped_reason: str = "") -> Optional[Verdict]:
+def _ended_by(ranks: Sequence[RankResult], ended_by: Optional[EndedBy]) -> Optional[EndedBy]:
+    """The supervisors enforce the time limit themselves: with no controller there, the ranks say so."""
+    if ended_by is None and all(RankState(r.state).terminal for r in ranks) and \
+            any(r.stop_reason == EndedBy.TIME_LIMIT.value for r in ranks):
+        return EndedBy.TIME_LIMIT
+    return ended_by
+
+
+def decide(run_id: str, ranks: Sequence[RankResult], *, ended_by: Optional[EndedBy] = None,
+           time_limit: Optional[float] = None, stop_note: str = "") -> Optional[RunOutcome]:
     """The run's end from its ranks, or None while a rank may still run and nothing forces the end.
 
-    stop_reason: why clusterrun stopped the run, if it did: "interrupted" (Ctrl-C), "time-limit",
-    "failed" (first-failure teardown) or "stopped" (`clusterrun stop`). stopped_reason: what to say
-    when the ranks were stopped without failing (the recorded reason, if any).
-    """
+    ended_by: why clusterrun ended the run, if it did. stop_note: what to say when the ranks were
+    stopped without failing (the reason the registry holds, if any)."""
+    ranks = tuple(ranks)
     root = root_cause(ranks)
-    if stop_reason is None and all(RankState(r.state).terminal for r in ranks) and \
-            any(r.stop_reason == "time-limit" for r in ranks):
-        stop_reason = "time-limit"  # the hosts' supervisors enforced it (no controller was there)
-    if stop_reason == "interrupted":
-        return Verdict(RunState.INTERRUPTED, RunState.INTERRUPTED.exit_code, "interrupted by the user (Ctrl-C)",
-                       root)
-    if stop_reason == "time-limit":
+    ended_by = _ended_by(ranks, ended_by)
+    if ended_by is EndedBy.INTERRUPT:
+        return _end(run_id, RunState.INTERRUPTED, "interrupted by the user (Ctrl-C)", root, ranks)
+    if ended_by is EndedBy.TIME_LIMIT:
         limit = f" of {time_limit:g} s" if time_limit else ""
-        return Verdict(RunState.TIMED_OUT, RunState.TIMED_OUT.exit_code, f"time limit{limit} reached", root)
+        return _end(run_id, RunState.TIMED_OUT, f"time limit{limit} reached", root, ranks)
     states = [RankState(r.state) for r in ranks]
-    if root is not None and (stop_reason is not None or all(s.terminal for s in states)):
-        return Verdict(RunState.FAILED, EXIT_FAILED, f"rank {root.rank} on {root.host}: {root.describe()}", root)
+    if root is not None and (ended_by is not None or all(s.terminal for s in states)):
+        return _end(run_id, RunState.FAILED, f"rank {root.rank} on {root.host}: {root.describe()}", root, ranks)
     if not all(s.terminal for s in states):
         return None
+    return _ended_without_failure(run_id, states, ranks, stop_note)
+
+
+def _ended_without_failure(run_id: str, states: Sequence[RankState], ranks: Tuple[RankResult, ...],
+                           stop_note: str) -> RunOutcome:
+    """Every rank ended and none failed: the job succeeded, or its ranks were stopped (or never started)."""
     if all(s is RankState.SUCCEEDED for s in states):
-        return Verdict(RunState.SUCCEEDED, RunState.SUCCEEDED.exit_code, "", None)
+        return _end(run_id, RunState.SUCCEEDED, "", None, ranks)
     if RankState.NOT_STARTED in states:
-        return Verdict(RunState.FAILED, EXIT_FAILED,
-                       stopped_reason or "the controller ended before every rank started", None)
-    return Verdict(RunState.STOPPED, RunState.STOPPED.exit_code,
-                   stopped_reason or "stopped before the job finished (clusterrun stop?)", None)
+        return _end(run_id, RunState.FAILED, stop_note or "the controller ended before every rank started", None,
+                    ranks)
+    return _end(run_id, RunState.STOPPED, stop_note or "stopped before the job finished (clusterrun stop?)", None,
+                ranks)
+
+
+def reconciled(run_id: str, ranks: Sequence[RankResult], *, stop_note: str = "") -> Optional[RunOutcome]:
+    """`ps`'s verdict on a run whose controller is gone, from what its hosts said: as `decide`, except
+    that a controller that died while starting (some hosts never started, others run) ends the run
+    now: what did start waits for peers that never come."""
+    never = sorted({r.host for r in ranks if r.state is RankState.NOT_STARTED})
+    running = [r for r in ranks if not r.state.terminal]
+    if never and running:
+        return _end(run_id, RunState.FAILED, f"the controller ended before {', '.join(never)} started; "
+                                             f"`clusterrun stop {run_id}` ends the ranks that did start",
+                    None, tuple(ranks))
+    return decide(run_id, ranks, stop_note=stop_note)
+
+
+def after_stop(run_id: str, ranks: Sequence[RankResult], *, stop_note: str = "") -> RunOutcome:
+    """`clusterrun stop` reached every host: the ranks' end, or stopped (an exit that never got recorded)."""
+    return decide(run_id, ranks, stop_note=stop_note) or _end(
+        run_id, RunState.STOPPED, stop_note or "stopped by `clusterrun stop`", None, tuple(ranks))
+
+
+def _end(run_id: str, state: RunState, reason: str, root: Optional[RankResult],
+         ranks: Tuple[RankResult, ...]) -> RunOutcome:
+    code = EXIT_FAILED if state is RunState.FAILED else state.exit_code
+    return RunOutcome(run_id, state, code, reason, root_cause=root, ranks=ranks)
+
+
+def interrupted(run_id: str, why: str = "interrupted by the user (Ctrl-C)") -> RunOutcome:
+    """Ctrl-C before the ranks ran (while connecting, pushing, starting, or waiting to restart)."""
+    return RunOutcome(run_id, RunState.INTERRUPTED, RunState.INTERRUPTED.exit_code, why)
+
+
+def launch_failed(run_id: str, exc: ClusterrunError) -> RunOutcome:
+    """The launch could not get the ranks running (hosts failed, a job file went missing)."""
+    return RunOutcome(run_id, RunState.FAILED, exc.exit_code, str(exc))
+
+
+def detached(run_id: str) -> RunOutcome:
+    """launch --detach: the run goes on without this controller (not an end)."""
+    return RunOutcome(run_id, RunState.RUNNING, 0, "detached")
+
+
+def attempt_not_started(run_id: str, ranks: Sequence[Any], exc: HostsFailed) -> RunOutcome:
+    """An attempt that could not start on some hosts (ranks: its RankSpecs): those hosts count as lost
+    (the next attempt goes on without them), the ranks elsewhere as stopped."""
+    failed = set(exc.failures)
+    results = tuple(RankResult.lost(r.rank, r.node_rank, r.host_name,
+                                    f"could not start: {exc.failures[r.host_name].message}")
+                    if r.host_name in failed else
+                    RankResult(r.rank, r.node_rank, r.host_name, RankState.STOPPED,
+                               note="its attempt did not start everywhere") for r in ranks)
+    return replace(launch_failed(run_id, exc), ranks=results)
+
+
+def with_attempts(outcome: RunOutcome, attempts: Sequence[AttemptSummary]) -> RunOutcome:
+    """The run's outcome is its last attempt's, listing every attempt (none when there was only one)."""
+    return replace(outcome, attempts=tuple(attempts) if len(attempts) > 1 else ())

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import shlex
+import time
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
@@ -81,13 +83,20 @@ class LaunchPlan:
         return tuple(r for n in self.nodes for r in n.ranks)
 
     @property
-    def host_key(self) -> str:
+    def attempt_key(self) -> str:
         """How the host program names this attempt's folder: the run's own, or attempt-K inside it (every
         attempt runs in the same job folder)."""
         return attempt_key(self.run_id, self.attempt)
 
 
+def new_run_id(now: Optional[float] = None) -> str:
+    """Sorts by time: 20261130-142233-a1b2."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    return f"{stamp}-{random.SystemRandom().randrange(16 ** 4):04x}"
+
+
 def attempt_key(run_id: str, attempt: int) -> str:
+    """How the host program names an attempt's folder: RUN for the first, RUN/attempt-K after a restart."""
     return run_id if attempt == 0 else f"{run_id}/attempt-{attempt}"
 
 
@@ -196,7 +205,7 @@ def _torchrun_node(inv: Inventory, node: NodePlan, values: Mapping[str, object],
 
 def setup_request(inv: Inventory, plan: LaunchPlan, node: NodePlan, files: Mapping[str, object],
                   secrets: Mapping[str, str]) -> dict:
-    """What the host's setup step gets (remote/host/setup.py): the commands, a key that changes when the
+    """What the host's setup step gets (remote/host/push/job_setup.py): the commands, a key that changes when the
     commands, the pushed files they run beside (files: the push manifest's wire form) or the host's Python
     change, the deadline, and the environment (the host's env:, clusterrun's variables, the secrets)."""
     key = hashlib.sha256(json.dumps({"commands": list(inv.job.setup), "files": files, "python": node.host.python},
@@ -211,7 +220,7 @@ def setup_request(inv: Inventory, plan: LaunchPlan, node: NodePlan, files: Mappi
 
 def node_command(node: NodePlan) -> Tuple[str, ...]:
     """The host's torchrun command line as a user would type it (clusterrun slips its worker shim in
-    before the entry: see remote/host/worker.py)."""
+    before the entry: see remote/host/run/worker.py)."""
     return node.torchrun + node.entry
 
 

@@ -166,32 +166,12 @@ def _master_of(url: str, environ: Mapping[str, str]) -> str | None:
 
 def parse_config(argv: list[str] | None, environ: Mapping[str, str]) -> JobConfig:
     args = _parser().parse_args(argv)
-    rank = args.rank if args.rank is not None else _env_int(environ, "RANK", 0)
-    world_size = (args.world_size if args.world_size is not None
-                  else _env_int(environ, "WORLD_SIZE", 1))
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise UsageError(f"rank {rank} is outside world size {world_size}")
-
-    backend = args.dist_backend or environ.get("CLUSTERRUN_DIST_BACKEND") or (
-        "nccl" if torch.cuda.is_available() else "gloo")
-    if backend not in ("gloo", "nccl"):
-        raise UsageError(f"backend {backend!r}: use gloo or nccl")
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise UsageError("nccl needs CUDA, which this host lacks; use --dist-backend gloo")
-
-    timeout = args.timeout
-    if timeout is None and environ.get("CLUSTERRUN_TIMEOUT"):
-        try:
-            timeout = parse_duration(environ["CLUSTERRUN_TIMEOUT"])
-        except argparse.ArgumentTypeError as e:
-            raise UsageError(f"$CLUSTERRUN_TIMEOUT: {e}") from None
+    rank, world_size = _rank_and_world_size(args, environ)
+    backend = _backend(args, environ)
+    timeout = _timeout(args, environ)
     url = args.dist_url or _default_url(environ, world_size)
     master = _master_of(url, environ)
-
-    for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
-                        ("--log-every", args.log_every), ("--data-size", args.data_size)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be at least 1, not {value}")
+    _check_counts(args)
     return JobConfig(
         rank=rank, world_size=world_size,
         local_rank=_env_int(environ, "LOCAL_RANK", None),
@@ -199,33 +179,80 @@ def parse_config(argv: list[str] | None, environ: Mapping[str, str]) -> JobConfi
         sync=args.sync, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         momentum=args.momentum, seed=args.seed, data_dir=args.data_dir,
         data_size=args.data_size, synthetic=args.synthetic, out=args.out,
-        log_every=args.log_every,
-        checkpoint_dir=args.checkpoint_dir or (Path(environ["CLUSTERRUN_CHECKPOINT_DIR"])
-                                               if environ.get("CLUSTERRUN_CHECKPOINT_DIR") else None))
+        log_every=args.log_every, checkpoint_dir=_checkpoint_dir(args, environ))
+
+
+def _rank_and_world_size(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[int, int]:
+    rank = args.rank if args.rank is not None else _env_int(environ, "RANK", 0)
+    world_size = (args.world_size if args.world_size is not None
+                  else _env_int(environ, "WORLD_SIZE", 1))
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise UsageError(f"rank {rank} is outside world size {world_size}")
+    return rank, world_size
+
+
+def _backend(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    backend = args.dist_backend or environ.get("CLUSTERRUN_DIST_BACKEND") or (
+        "nccl" if torch.cuda.is_available() else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise UsageError(f"backend {backend!r}: use gloo or nccl")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise UsageError("nccl needs CUDA, which this host lacks; use --dist-backend gloo")
+    return backend
+
+
+def _timeout(args: argparse.Namespace, environ: Mapping[str, str]) -> float | None:
+    """--timeout, else $CLUSTERRUN_TIMEOUT; None: neither (the default applies)."""
+    if args.timeout is None and environ.get("CLUSTERRUN_TIMEOUT"):
+        try:
+            return parse_duration(environ["CLUSTERRUN_TIMEOUT"])
+        except argparse.ArgumentTypeError as e:
+            raise UsageError(f"$CLUSTERRUN_TIMEOUT: {e}") from None
+    return args.timeout
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
+                        ("--log-every", args.log_every), ("--data-size", args.data_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, not {value}")
+
+
+def _checkpoint_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
+    if args.checkpoint_dir:
+        return args.checkpoint_dir
+    return Path(environ["CLUSTERRUN_CHECKPOINT_DIR"]) if environ.get("CLUSTERRUN_CHECKPOINT_DIR") else None
 
 
 def rendezvous_failure(cfg: JobConfig, phase: str, error: BaseException | None) -> str:
     """One line that leads with what most likely went wrong, for the phase that failed."""
-    limit = format_duration(cfg.timeout_s)
     detail = str(error).strip().splitlines()[0][:240] if error and str(error).strip() else ""
-    timed_out = error is None or isinstance(error, dist.DistStoreError) or any(
+    text = _likely_cause(cfg, phase, error, detail, format_duration(cfg.timeout_s))
+    return f"{text} [{detail}]" if detail else text
+
+
+def _timed_out(error: BaseException | None, detail: str) -> bool:
+    """The deadline fired (no error), or torch's error says it timed out."""
+    return error is None or isinstance(error, dist.DistStoreError) or any(
         word in detail.lower() for word in ("timeout", "timed out"))
+
+
+def _likely_cause(cfg: JobConfig, phase: str, error: BaseException | None, detail: str, limit: str) -> str:
+    timed_out = _timed_out(error, detail)
     if phase == "store" and cfg.master and cfg.rank != 0:
-        text = (f"cannot reach the master at {cfg.master} within the {limit} timeout "
+        return (f"cannot reach the master at {cfg.master} within the {limit} timeout "
                 f"({cfg.dist_url}); is rank 0 running and its port open?")
-    elif phase == "store" and cfg.master and not timed_out:
-        text = f"rank 0 cannot serve the rendezvous at {cfg.master} ({cfg.dist_url})"
-    elif cfg.master and not timed_out and (isinstance(error, dist.DistNetworkError)
-                                           or "closed" in detail.lower()):
-        text = (f"the rendezvous server at {cfg.master} went away before all ranks joined "
+    if phase == "store" and cfg.master and not timed_out:
+        return f"rank 0 cannot serve the rendezvous at {cfg.master} ({cfg.dist_url})"
+    if cfg.master and not timed_out and (isinstance(error, dist.DistNetworkError)
+                                         or "closed" in detail.lower()):
+        return (f"the rendezvous server at {cfg.master} went away before all ranks joined "
                 f"(expected world size {cfg.world_size}, {limit} timeout); see rank 0's error")
-    elif timed_out:
-        text = (f"not all ranks joined within the {limit} timeout: expected world size "
+    if timed_out:
+        return (f"not all ranks joined within the {limit} timeout: expected world size "
                 f"{cfg.world_size} at {cfg.dist_url}; was every rank started, each with "
                 f"--world-size {cfg.world_size}?")
-    else:
-        text = f"could not set up the {cfg.dist_backend} process group ({cfg.dist_url})"
-    return f"{text} [{detail}]" if detail else text
+    return f"could not set up the {cfg.dist_backend} process group ({cfg.dist_url})"
 
 
 class _Deadline:

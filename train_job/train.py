@@ -173,15 +173,7 @@ def train(cfg: JobConfig, splits: Splits, train_set: Dataset, device: torch.devi
           threads: int) -> None:
     torch.manual_seed(cfg.seed)
     model = ConvNet().to(device)
-    if cfg.sync == "ddp":
-        net: nn.Module = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    else:
-        net = model
-        # DDP starts every rank from rank 0's state; the tutorials' version relies on the seed,
-        # which breaks across torch versions, so do what DDP does.
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, 0)
+    net = _synced(cfg, model, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     sampler = DistributedSampler(train_set, num_replicas=cfg.world_size, rank=cfg.rank,
                                  shuffle=True, seed=cfg.seed)
@@ -219,10 +211,7 @@ def train(cfg: JobConfig, splits: Splits, train_set: Dataset, device: torch.devi
                      f"acc {stats.train_acc:.3f}, held-out acc {stats.test_acc:.4f}, "
                      f"{wall:.1f}s, {stats.samples / wall:.0f} samples/s")
         if cfg.checkpoint_dir is not None and writer:
-            checkpoints.save(cfg.checkpoint_dir, epoch, {
-                "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                "optimizer": optimizer.state_dict(), "epoch": epoch, "world_size": cfg.world_size,
-                "seed": cfg.seed, "history": [asdict(e) for e in history]})
+            _save_checkpoint(cfg, epoch, model, optimizer, history)
 
     if own_test is None:  # resumed after the last epoch: nothing trained, evaluate what was loaded
         own_test = _evaluate(model, test_loader, device).tolist()
@@ -236,6 +225,25 @@ def train(cfg: JobConfig, splits: Splits, train_set: Dataset, device: torch.devi
     if cfg.rank == 0:
         _write_outputs(cfg, splits, train_set, model, optimizer, history, digest, threads)
     dist.barrier()
+
+
+def _synced(cfg: JobConfig, model: nn.Module, device: torch.device) -> nn.Module:
+    """What the training steps call: the model in DDP, or (allreduce) the model itself, from rank 0's state."""
+    if cfg.sync == "ddp":
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # DDP starts every rank from rank 0's state; the tutorials' version relies on the seed,
+    # which breaks across torch versions, so do what DDP does.
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, 0)
+    return model
+
+
+def _save_checkpoint(cfg: JobConfig, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                     history: list[EpochStats]) -> None:
+    checkpoints.save(cfg.checkpoint_dir, epoch, {
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(), "epoch": epoch, "world_size": cfg.world_size,
+        "seed": cfg.seed, "history": [asdict(e) for e in history]})
 
 
 def _resume(cfg: JobConfig, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -82,7 +82,7 @@ def iface_result(net: Mapping, backend: str, env: Mapping[str, str], multi_host:
         return CheckResult("iface", FAIL, f"no route to {master_ip}: {net['route_error']}",
                            f"fix the route to {master_ip} on this host", "no route")
     source = net.get("source", "?")
-    iface = next((i["name"] for i in ifaces if i["addr"] == source), "lo" if _loopback(source) else "?")
+    iface = _source_iface(ifaces, source)
     data = {"source": source, "iface": iface, "master_ip": master_ip, "interfaces": ifaces,
             "hostname": net.get("hostname"), "hostname_addrs": net.get("hostname_addrs")}
     where = f"{source} via {iface} to {master_ip}"
@@ -91,33 +91,59 @@ def iface_result(net: Mapping, backend: str, env: Mapping[str, str], multi_host:
                                           "reach it", "set addr: of rank 0's host to its network address",
                            "loopback", data)
     if env.get(var):
-        missing = _missing_ifnames(env[var], names)
-        if missing:
-            return CheckResult("iface", FAIL, f"{var}={env[var]} but this host has no IPv4 interface "
-                                              f"{', '.join(missing)} (it has {', '.join(names) or 'none'})",
-                               f"set {var}={iface} in this host's env:", "bad ifname", data)
-        return CheckResult("iface", OK, f"{where}; {var}={env[var]}", "", iface, data)
+        return _ifname_result(var, env[var], names, iface, where, data)
     fix = f"set env: {{{var}: {iface}}} for this host in the inventory"
     if backend != "nccl" and multi_host:
-        addrs = [a for a in (net.get("hostname_addrs") or []) if ":" not in a]
-        own = {i["addr"]: i["name"] for i in ifaces}
-        hostname = net.get("hostname", "?")
-        if "hostname_error" in net or not addrs:
-            return CheckResult("iface", FAIL, f"hostname {hostname} does not resolve here "
-                                              f"({net.get('hostname_error', 'no IPv4 address')}): gloo would fall "
-                                              "back to loopback", fix, "hostname", data)
-        if all(_loopback(a) for a in addrs):
-            return CheckResult("iface", FAIL, f"hostname {hostname} resolves to {', '.join(addrs)}: gloo would "
-                                              "bind to loopback and the other hosts cannot reach this one",
-                               fix + f", or map {hostname} to {source} in /etc/hosts", "loopback name", data)
-        bound = next((own[a] for a in addrs if a in own), None)
-        if bound is None:
-            return CheckResult("iface", FAIL, f"hostname {hostname} resolves to {', '.join(addrs)}, not an "
-                                              "address of this host: gloo would fall back to loopback",
-                               fix, "hostname", data)
-        if bound != iface:
-            return CheckResult("iface", WARN, f"gloo would use {bound} (the hostname's address), but traffic to "
-                                              f"the master leaves via {iface}", fix, f"{bound}≠{iface}", data)
+        problem = _gloo_hostname_problem(net, ifaces, iface, source, fix, data)
+        if problem is not None:
+            return problem
+    return _interfaces_result(ifaces, backend, iface, where, fix, data)
+
+
+def _source_iface(ifaces: Sequence[Mapping], source: str) -> str:
+    """The interface that holds the source address of traffic to the master ("?": none of this host's)."""
+    return next((i["name"] for i in ifaces if i["addr"] == source), "lo" if _loopback(source) else "?")
+
+
+def _ifname_result(var: str, value: str, names: Sequence[str], iface: str, where: str, data: dict) -> CheckResult:
+    """The env sets *_SOCKET_IFNAME: each interface it names must be one of this host's."""
+    missing = _missing_ifnames(value, names)
+    if missing:
+        return CheckResult("iface", FAIL, f"{var}={value} but this host has no IPv4 interface "
+                                          f"{', '.join(missing)} (it has {', '.join(names) or 'none'})",
+                           f"set {var}={iface} in this host's env:", "bad ifname", data)
+    return CheckResult("iface", OK, f"{where}; {var}={value}", "", iface, data)
+
+
+def _gloo_hostname_problem(net: Mapping, ifaces: Sequence[Mapping], iface: str, source: str, fix: str,
+                           data: dict) -> Optional[CheckResult]:
+    """gloo binds to the address the hostname resolves to: it must be this host's own, on the interface that
+    leads to the master (None: it is)."""
+    addrs = [a for a in (net.get("hostname_addrs") or []) if ":" not in a]
+    own = {i["addr"]: i["name"] for i in ifaces}
+    hostname = net.get("hostname", "?")
+    if "hostname_error" in net or not addrs:
+        return CheckResult("iface", FAIL, f"hostname {hostname} does not resolve here "
+                                          f"({net.get('hostname_error', 'no IPv4 address')}): gloo would fall "
+                                          "back to loopback", fix, "hostname", data)
+    if all(_loopback(a) for a in addrs):
+        return CheckResult("iface", FAIL, f"hostname {hostname} resolves to {', '.join(addrs)}: gloo would "
+                                          "bind to loopback and the other hosts cannot reach this one",
+                           fix + f", or map {hostname} to {source} in /etc/hosts", "loopback name", data)
+    bound = next((own[a] for a in addrs if a in own), None)
+    if bound is None:
+        return CheckResult("iface", FAIL, f"hostname {hostname} resolves to {', '.join(addrs)}, not an "
+                                          "address of this host: gloo would fall back to loopback",
+                           fix, "hostname", data)
+    if bound != iface:
+        return CheckResult("iface", WARN, f"gloo would use {bound} (the hostname's address), but traffic to "
+                                          f"the master leaves via {iface}", fix, f"{bound}≠{iface}", data)
+    return None
+
+
+def _interfaces_result(ifaces: Sequence[Mapping], backend: str, iface: str, where: str, fix: str,
+                       data: dict) -> CheckResult:
+    """Several interfaces up: NCCL picks one by itself, maybe not the one toward the master."""
     several = [i["name"] for i in ifaces if i.get("up") and not _loopback(i["addr"])]
     if len(several) > 1:
         text = f"{where}; {len(several)} interfaces ({', '.join(several)})"

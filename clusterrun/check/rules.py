@@ -183,28 +183,34 @@ def torch_results(torch: Mapping[str, Mapping], pythons: Mapping[str, str]) -> T
     vision, vision_note = disagreement("torchvision", {h: t.get("torchvision") or "none" for h, t in good.items()})
     wanted = group_versions({h: t["version"] for h, t in good.items()})
     want = f"torch {wanted[0][0]}" if wanted else "torch"
-    out = {}
-    for host, t in torch.items():
-        data = {k: t.get(k) for k in ("version", "torchvision", "cuda_build", "seconds") if k in t}
-        if "version" not in t:
-            out[host] = CheckResult("torch", FAIL, f"torch does not import with {pythons.get(host, 'python')}: "
-                                                   f"{t.get('error', 'unknown error')}",
-                                    f"install {want} for that Python, or set python: to the interpreter that has it",
-                                    "missing", data)
-            continue
-        vis = t.get("torchvision") or ("broken" if t.get("torchvision_error") else "none")
-        detail = f"{t['version']}, torchvision {vis}" + (
-            f" ({t['torchvision_error']})" if t.get("torchvision_error") else "")
-        if host in odd:
-            out[host] = CheckResult("torch", FAIL, odd[host], f"install the same torch on every host ({want})",
-                                    t["version"], data)
-        elif host in builds or host in vision or t.get("torchvision_error"):
-            why = builds.get(host) or vision.get(host) or detail
-            out[host] = CheckResult("torch", WARN, why, "install the same builds everywhere (fine for gloo on CPU; "
-                                                        "nccl needs a CUDA build on every host)", t["version"], data)
-        else:
-            out[host] = CheckResult("torch", OK, detail, "", t["version"], data)
+    out = {host: _torch_result(t, pythons.get(host, "python"), want, odd=odd.get(host), build=builds.get(host),
+                               vision=vision.get(host)) for host, t in torch.items()}
     return out, [n for n in (note, build_note, vision_note) if n]
+
+
+def _torch_result(t: Mapping, python: str, want: str, *, odd: Optional[str], build: Optional[str],
+                  vision: Optional[str]) -> CheckResult:
+    """One host's torch result; odd, build, vision: how its release, build and torchvision differ from the
+    other hosts' (None: they do not)."""
+    data = {k: t.get(k) for k in ("version", "torchvision", "cuda_build", "seconds") if k in t}
+    if "version" not in t:
+        return CheckResult("torch", FAIL, f"torch does not import with {python}: {t.get('error', 'unknown error')}",
+                           f"install {want} for that Python, or set python: to the interpreter that has it",
+                           "missing", data)
+    detail = _torch_detail(t)
+    if odd is not None:
+        return CheckResult("torch", FAIL, odd, f"install the same torch on every host ({want})", t["version"], data)
+    if build is not None or vision is not None or t.get("torchvision_error"):
+        why = build or vision or detail
+        return CheckResult("torch", WARN, why, "install the same builds everywhere (fine for gloo on CPU; "
+                                               "nccl needs a CUDA build on every host)", t["version"], data)
+    return CheckResult("torch", OK, detail, "", t["version"], data)
+
+
+def _torch_detail(t: Mapping) -> str:
+    """'2.3.1, torchvision 0.18.1', and the error where torchvision is installed but does not import."""
+    vis = t.get("torchvision") or ("broken" if t.get("torchvision_error") else "none")
+    return f"{t['version']}, torchvision {vis}" + (f" ({t['torchvision_error']})" if t.get("torchvision_error") else "")
 
 
 def cuda_result(backend: str, slots: int, t: Mapping) -> CheckResult:

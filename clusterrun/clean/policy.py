@@ -1,4 +1,4 @@
-"""Which run folders may go (pure): a host's listing (remote/host/clean.py `runs`), the rules, and what this
+"""Which run folders may go (pure): a host's listing (remote/host/disk/runs.py), the rules, and what this
 machine's registry knows about each run.
 
 Never removed: a run that runs or may still run (its host says running or being received; the registry
@@ -58,46 +58,58 @@ def protected(record: Optional[RunRecord]) -> str:
     return ""
 
 
-def decide(listing: Sequence[dict], rules: Rules, records: Mapping[str, Optional[RunRecord]],
-           now: float) -> Tuple[Decision, ...]:
+def select_removals(listing: Sequence[dict], rules: Rules, records: Mapping[str, Optional[RunRecord]],
+                    now: float) -> Tuple[Decision, ...]:
     """A decision for every run folder of one host; records: this registry's record by run id (None:
     a tombstone, a run this registry removed from its records but knew)."""
     out = []
     finished = []
     for entry in listing:
-        run_id, status = entry["id"], entry["status"]
+        run_id = entry["id"]
         ours = run_id in records
-        keep_why = ""
-        if status in ("running", "receiving"):
-            keep_why = f"{status}: {entry.get('why') or status}"
-        elif protected(records.get(run_id)):
-            keep_why = "may still run: " + protected(records.get(run_id))
-        elif rules.runs and run_id not in rules.runs:
-            keep_why = "not named"
-        elif not ours and not rules.runs and not rules.foreign:
-            keep_why = "not this registry's run (--foreign to include it)"
+        keep_why = _kept_anyway(entry, rules, records)
         if keep_why:
             out.append(Decision(run_id, False, keep_why, entry.get("bytes", 0), ours, entry))
-        elif status == "unstarted":
+        elif entry["status"] == "unstarted":
             out.append(Decision(run_id, True, "pushed but never started", entry.get("bytes", 0), ours, entry))
         else:
             finished.append(entry)
     finished.sort(key=lambda e: e["id"], reverse=True)  # run ids sort by their start time
     for i, entry in enumerate(finished):
-        age = now - float(entry.get("ended_at") or now)
-        why = ""
-        if rules.runs:
-            why = "named"
-        elif rules.keep is None and rules.older_than_s is None:
-            why = "finished"
-        else:
-            if rules.keep is not None and i >= rules.keep:
-                why = f"beyond the newest {rules.keep}"
-            if rules.older_than_s is not None and age > rules.older_than_s:
-                why = why or f"ended {duration_text(age)} ago (older than {duration_text(rules.older_than_s)})"
+        why = _removed_by_rules(rules, i, now - float(entry.get("ended_at") or now))
         out.append(Decision(entry["id"], bool(why), why or "kept by the rules", entry.get("bytes", 0),
                             entry["id"] in records, entry))
     return tuple(sorted(out, key=lambda d: d.run_id))
+
+
+def _kept_anyway(entry: dict, rules: Rules, records: Mapping[str, Optional[RunRecord]]) -> str:
+    """Why a run folder stays whatever the rules say ("" when they decide)."""
+    run_id, status = entry["id"], entry["status"]
+    if status in ("running", "receiving"):
+        return f"{status}: {entry.get('why') or status}"
+    still = protected(records.get(run_id))
+    if still:
+        return "may still run: " + still
+    if rules.runs and run_id not in rules.runs:
+        return "not named"
+    if run_id not in records and not rules.runs and not rules.foreign:
+        return "not this registry's run (--foreign to include it)"
+    return ""
+
+
+def _removed_by_rules(rules: Rules, newer: int, age: float) -> str:
+    """Why a finished run goes ("" when the rules keep it); newer: how many of the host's finished runs are
+    newer, age: seconds since it ended."""
+    if rules.runs:
+        return "named"
+    if rules.keep is None and rules.older_than_s is None:
+        return "finished"
+    why = ""
+    if rules.keep is not None and newer >= rules.keep:
+        why = f"beyond the newest {rules.keep}"
+    if rules.older_than_s is not None and age > rules.older_than_s:
+        why = why or f"ended {duration_text(age)} ago (older than {duration_text(rules.older_than_s)})"
+    return why
 
 
 def duration_text(seconds: Optional[float]) -> str:

@@ -15,7 +15,7 @@ from .common import load
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def check(inventory: str, as_json: bool) -> int:
     """Check every host of INVENTORY before a launch; exit 0 when all pass, 3 when any fails."""
-    from ..check.run import run_checks
+    from ..check.doctor import run_checks
     from ..ui.checks import render_checks
     from ..ui.console import console
 

@@ -1,18 +1,22 @@
 """`clusterrun clean`: finished runs' folders off their hosts, the content cache collected, the registry
-pruned (--local); also how a launch applies the inventory's retention in the background."""
+pruned (--local)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import click
 
 from ..errors import EXIT_OK, UsageError
 from .common import store
+
+if TYPE_CHECKING:  # loaded when a clean runs: --help reads no inventory code
+    from ..clean.policy import Rules
+    from ..config.inventory import Host, Timeouts
+    from ..registry.store import RunStore
 
 
 @click.command()
@@ -33,15 +37,10 @@ def clean(targets: Sequence[str], keep: Optional[int], older_than: Optional[str]
     (a run named that still runs) or failed; 3 when a host could not be reached.
     """
     from ..clean.policy import Rules
-    from ..config.yaml_nodes import parse_duration
 
     if keep is not None and keep < 0:
         raise UsageError(f"--keep {keep}: give 0 or more")
-    age = None
-    if older_than is not None:
-        age = parse_duration(older_than)
-        if age is None or age < 0:
-            raise UsageError(f"--older-than {older_than!r}: give a duration such as 90m, 12h or 7d")
+    age = _older_than(older_than)
     registry = store()
     inventory = targets[0] if len(targets) == 1 and os.path.isfile(targets[0]) else None
     runs = () if inventory else tuple(registry.resolve(t) for t in targets)
@@ -50,44 +49,81 @@ def clean(targets: Sequence[str], keep: Optional[int], older_than: Optional[str]
         return _local(registry, rules, dry_run, as_json)
     if not targets:
         raise UsageError("clean: give an INVENTORY (its hosts) or run ids; --local for this machine's registry")
-    from ..clean.run import clean_hosts, exit_code, hosts_of_runs
-    from ..config.inventory import Timeouts
+    from ..clean.apply import clean_hosts, exit_code
     from ..hosts.client import make_connect
 
-    cache_max = None
-    if inventory:
-        from .common import load
-
-        inv = load(inventory)
-        hosts, timeouts = list(inv.hosts), inv.timeouts
-        if retention:
-            if not inv.retention.enabled:
-                return EXIT_OK
-            rules = Rules(keep=inv.retention.keep_runs, older_than_s=inv.retention.max_age_s)
-            cache_max = inv.retention.cache_max
-    else:
-        if retention:
-            raise UsageError("--retention applies an inventory's rules: give the INVENTORY")
-        hosts, timeouts = hosts_of_runs(registry, runs), Timeouts()
+    where = _inventory_targets(inventory, rules, retention) if inventory else \
+        _run_targets(registry, runs, rules, retention)
+    if where is None:
+        return EXIT_OK
     from rich.text import Text
 
     from ..ui.console import console
 
     err = console(stderr=True)
-    results = clean_hosts(hosts, registry, make_connect(timeouts), rules, cache=cache, cache_max=cache_max,
-                          dry_run=dry_run, on_problem=lambda text: err.print(Text(text, style="yellow")))
+    results = clean_hosts(where.hosts, registry, make_connect(where.timeouts), where.rules, cache=cache,
+                          cache_max=where.cache_max, dry_run=dry_run,
+                          on_problem=lambda text: err.print(Text(text, style="yellow")))
     if as_json:
-        click.echo(json.dumps({"dry_run": dry_run, "rules": rules.describe(),
+        click.echo(json.dumps({"dry_run": dry_run, "rules": where.rules.describe(),
                                "hosts": [r.to_json() for r in results]}, indent=2))
     else:
         from ..ui.tables import show_clean
 
-        show_clean(results, rules.describe(), dry_run, err)
+        show_clean(results, where.rules.describe(), dry_run, err)
     return exit_code(results)
 
 
+@dataclass(frozen=True)
+class _Targets:
+    """The hosts a clean visits, how to reach them, and the rules it applies there."""
+
+    hosts: List[Host]
+    timeouts: Timeouts
+    rules: Rules
+    cache_max: Optional[int] = None  # the content cache is collected down to this (retention's cache_max)
+
+
+def _older_than(text: Optional[str]) -> Optional[float]:
+    """--older-than in seconds (None: not given)."""
+    from ..config.yaml_nodes import parse_duration
+
+    if text is None:
+        return None
+    age = parse_duration(text)
+    if age is None or age < 0:
+        raise UsageError(f"--older-than {text!r}: give a duration such as 90m, 12h or 7d")
+    return age
+
+
+def _inventory_targets(inventory: str, rules: Rules, retention: bool) -> Optional[_Targets]:
+    """The inventory's hosts; with --retention its retention: rules instead (None: retention is off)."""
+    from .common import load
+
+    inv = load(inventory)
+    if not retention:
+        return _Targets(list(inv.hosts), inv.timeouts, rules)
+    if not inv.retention.enabled:
+        return None
+    from ..clean.policy import Rules
+
+    return _Targets(list(inv.hosts), inv.timeouts, Rules(keep=inv.retention.keep_runs,
+                                                         older_than_s=inv.retention.max_age_s),
+                    inv.retention.cache_max)
+
+
+def _run_targets(registry: RunStore, runs: Tuple[str, ...], rules: Rules, retention: bool) -> _Targets:
+    """Every host the runs named were launched on."""
+    from ..clean.apply import hosts_of_runs
+    from ..config.inventory import Timeouts
+
+    if retention:
+        raise UsageError("--retention applies an inventory's rules: give the INVENTORY")
+    return _Targets(hosts_of_runs(registry, runs), Timeouts(), rules)
+
+
 def _local(registry, rules, dry_run: bool, as_json: bool) -> int:
-    from ..clean.run import clean_local
+    from ..clean.apply import clean_local
 
     done = clean_local(registry, rules, dry_run)
     if as_json:
@@ -99,37 +135,3 @@ def _local(registry, rules, dry_run: bool, as_json: bool) -> int:
 
     show_local_clean(done, dry_run, console(stderr=True))
     return EXIT_OK
-
-
-AFTER_PID_WAIT = 60.0
-_WAITER = ("import os, sys, time\n"
-           "pid, limit, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]\n"
-           "end = time.monotonic() + limit\n"
-           "while time.monotonic() < end:\n"
-           "    try:\n"
-           "        os.kill(pid, 0)\n"
-           "    except OSError:\n"
-           "        break\n"
-           "    time.sleep(0.2)\n"
-           "os.execv(argv[0], argv)\n")
-
-
-def spawn_retention(inventory: str) -> None:
-    """After a launch started: `clusterrun clean INVENTORY --retention` in a process of its own (its own
-    session, niced, output to retention.log in the state dir). It starts its work once the launching
-    process has ended, or a minute into the run: a short run never shares its CPU with it, a long one
-    has its hosts cleaned while it trains."""
-    from ..registry.store import state_dir
-
-    folder = state_dir()
-    os.makedirs(folder, 0o700, exist_ok=True)
-    log = open(os.path.join(folder, "retention.log"), "ab")
-    try:
-        # a bare interpreter waits (no imports: nothing competes with a short run for the CPU), then
-        # becomes `clusterrun clean` (which waits no more: the launch has ended or a minute passed)
-        subprocess.Popen([sys.executable, "-S", "-c", _WAITER, str(os.getpid()), str(AFTER_PID_WAIT), sys.executable,
-                          "-m", "clusterrun", "clean", os.path.abspath(inventory), "--retention"],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                         preexec_fn=lambda: os.nice(10), env={**os.environ, "NO_COLOR": "1"})
-    finally:
-        log.close()

@@ -28,7 +28,7 @@ def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run
 
     Arguments after `--` replace job.args: clusterrun launch inv.yaml -- --epochs 3
     """
-    from ..registry.store import new_run_id
+    from ..plan import new_run_id
 
     inv = load(inventory, script, job_args, module=module)
     from ..config.inventory import check_job_files
@@ -79,18 +79,15 @@ def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool) -> int:
     from ..states import RunState
     from ..ui.run_view import RunView
 
-    from ..events import Phase
-    from .clean import spawn_retention
+    from ..clean.retention import AfterLaunch
 
     registry = store()
     view = RunView(secrets=secrets.values())
-    retention = [inv.retention.enabled and not os.environ.get("CLUSTERRUN_NO_RETENTION")]
+    retention = AfterLaunch(inv)
 
     def emit(ev: object) -> None:
         view.handle(ev)
-        if isinstance(ev, Phase) and ev.name == "run" and retention[0]:
-            retention[0] = False  # once the ranks run: the hosts' other runs, in the background
-            spawn_retention(inv.path)
+        retention.on_event(ev)
 
     runner = Runner(inv, run_id, store=registry, connect=make_connect(inv.timeouts), secrets=secrets,
                     emit=emit, detach=detach, hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
@@ -101,8 +98,8 @@ def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool) -> int:
             outcome = runner.run()
     finally:
         view.close()
-    if detach and outcome.state is RunState.RUNNING and retention[0]:
-        spawn_retention(inv.path)
+    if detach and outcome.state is RunState.RUNNING:
+        retention.start()
     view.outcome(outcome)
     if detach and outcome.state is RunState.RUNNING:
         click.echo(run_id)

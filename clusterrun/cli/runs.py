@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence
 
 import click
 
-from ..errors import EXIT_CONNECT, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ..errors import EXIT_CONNECT, EXIT_INTERRUPTED, EXIT_OK
 from .common import connect_for, forward_signals, store
 
 
@@ -37,7 +37,13 @@ def ps(as_json: bool, last: int, no_reconcile: bool, disk: bool) -> int:
 
             record, problems = reconcile(registry, run_id, connect_for(record))
         records.append((record, problems))
-    usage = _disk_usage(registry, [r.id for r, _ in records]) if disk else None
+    usage = None
+    if disk:
+        from ..clean.apply import disk_usage
+        from ..config.inventory import Timeouts
+        from ..hosts.client import make_connect
+
+        usage = disk_usage(registry, [r.id for r, _ in records], make_connect(Timeouts()))
     if as_json:
         click.echo(json.dumps([{**r.to_json(), "unreachable": {k: str(v) for k, v in p.items()},
                                 **({"disk": usage.get(r.id)} if usage is not None else {})}
@@ -48,38 +54,6 @@ def ps(as_json: bool, last: int, no_reconcile: bool, disk: bool) -> int:
 
     show_runs(records, console(stderr=False), usage)
     return EXIT_OK
-
-
-def _disk_usage(registry, run_ids: Sequence[str]) -> dict:
-    """run id → {bytes (files only the run links: logs, outputs), job_bytes (its links into the cache),
-    hosts: {name: bytes}, removed_from: [hosts `clean` removed it from]}; asked of every host once."""
-    from ..clean.run import hosts_of_runs
-    from ..config.inventory import Timeouts
-    from ..hosts.client import make_connect
-    from ..hosts.group import fan_out
-
-    hosts = hosts_of_runs(registry, run_ids)
-    connect = make_connect(Timeouts())
-
-    def listing(host):
-        client = connect(host)
-        try:
-            return client.runs()
-        finally:
-            client.close()
-
-    asked = fan_out(hosts, listing, key=lambda h: id(h), name=lambda h: h.name, thread_name="disk")
-    wanted = set(run_ids)
-    out = {run_id: {"bytes": 0, "job_bytes": 0, "hosts": {}, "removed_from": sorted(registry.cleaned(run_id))}
-           for run_id in run_ids}
-    for host in hosts:
-        for entry in (asked.results.get(id(host)) or {}).get("runs", []):
-            if entry["id"] in wanted:
-                cell = out[entry["id"]]
-                cell["bytes"] += entry["bytes"]
-                cell["job_bytes"] += entry["job_bytes"]
-                cell["hosts"][host.name] = entry["bytes"]
-    return out
 
 
 @click.command()
@@ -94,8 +68,7 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
     """Show (or follow) the logs of RUN (an id, a unique prefix, or `latest`), fetched from its hosts."""
     from rich.text import Text
 
-    from ..hosts.logs import LineSplitter, tail_lines
-    from ..registry.runs import fetch_logs
+    from ..registry.runs import fetch_logs, replay_copies, select_logs
     from ..ui.console import LogPrinter, console
 
     registry = store()
@@ -104,52 +77,24 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
     # mask the run's secrets where this shell has their values
     names = record.plan.get("secret_names", [])
     printer = LogPrinter(secrets=[os.environ[n] for n in names if n in os.environ])
-    attempt = record.attempt if attempt_no is None else attempt_no - 1
-    if not 0 <= attempt <= record.attempt:
-        raise UsageError(f"run {run_id} has attempt{'s 1-' if record.attempt else ' '}{record.attempt + 1} only "
-                         f"(--attempt {attempt_no})")
-    past = [a for a in record.attempts if a.attempt == attempt]
-    host_of = {r.rank: r.host for r in (past[0].ranks if past else record.ranks)}
-    follow = follow and not past  # an attempt before the last one has ended
-    wanted = set(ranks) if ranks else set(host_of)
-    unknown = wanted - set(host_of)
-    if unknown:
-        raise UsageError(f"run {run_id} has no rank {', '.join(map(str, sorted(unknown)))} "
-                         f"(it has ranks 0-{len(host_of) - 1})")
+    sel = select_logs(record, attempt_no, ranks)
+    follow = follow and sel.followable  # an attempt before the last one has ended
     err = console(stderr=True)
-    if record.attempt:
-        err.print(Text(f"attempt {attempt + 1} of {record.attempt + 1}"
+    if sel.attempts > 1:
+        err.print(Text(f"attempt {sel.attempt + 1} of {sel.attempts}"
                        + ("" if attempt_no else " (--attempt N for another)"), style="dim"))
 
-    def show(path: str, host: str, rank: Optional[int], stream: str = "") -> None:
-        if not os.path.exists(path):
-            return
-        if tail is not None:
-            data = "".join(line + "\n" for line in tail_lines(path, tail)).encode()
-            if data:
-                printer.write(host, rank, data, stream)
-            return
-        splitter = LineSplitter()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                printer.write(host, rank, splitter.feed(chunk), stream)
-        printer.write(host, rank, splitter.flush(), stream)
-
     def show_copies() -> None:
-        if not ranks:  # each host's other output first: its setup, torchrun's own messages
-            for h in record.hosts:
-                if attempt == 0:
-                    show(registry.aux_log_path(run_id, h.name, "setup"), h.name, None, "setup")
-                show(registry.aux_log_path(run_id, h.name, "torchrun", attempt), h.name, None, "torchrun")
-        for rank in sorted(wanted):
-            show(registry.log_path(run_id, rank, attempt), host_of[rank], rank)
+        for ev in replay_copies(registry, record, sel, tail=tail, aux=not ranks):
+            printer.write(ev.host, None if ev.rank < 0 else ev.rank, ev.data, ev.stream)
 
+    wanted = set(sel.ranks)
     stop_flag: List[bool] = []
     with forward_signals(lambda: stop_flag.append(True)):
         fetch_logs(registry, run_id, connect_for(record), follow=follow, stop_flag=stop_flag,
                    on_lines=lambda ev: ev.rank in wanted and printer.write(ev.host, ev.rank, ev.data),
                    on_problem=lambda text: err.print(Text(text, style="yellow")),
-                   before_follow=show_copies, attempt=attempt)
+                   before_follow=show_copies, attempt=sel.attempt)
     if not follow:
         show_copies()
     return EXIT_INTERRUPTED if stop_flag else EXIT_OK

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import click
 
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from .common import forward_signals, load, secrets_of, store
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
+    from ..sweep.grid import PointEvent
+
 
 def _int_list(text: str, option: str) -> List[int]:
     try:
@@ -46,7 +53,7 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
     from ..events import LogLines
     from ..hosts.manifest import HashCache
     from ..sweep import grid as sw
-    from ..sweep.report import plot, rows, write_tables
+    from ..sweep.report import rows
     from ..ui.console import LogPrinter, console
     from ..ui.tables import show_sweep
 
@@ -76,26 +83,14 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
                             hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
 
     def on_point(ev: "sw.PointEvent") -> None:
-        style = {"succeeded": "green", "failed": "bold red", "interrupted": "yellow",
-                 "skipped": "dim"}.get(ev.status, "")
-        text = f"[{ev.index}/{ev.total}] {ev.point.key}: {ev.status}"
-        if ev.status not in ("starting", "skipped"):
-            text += f" in {ev.seconds:.1f} s"
-        if ev.run_id:
-            text += f" (run {ev.run_id})"
-        if ev.detail:
-            text += f": {ev.detail}"
-        err.print(Text(text, style=style))
+        err.print(_point_line(ev))
 
     with forward_signals(runner.interrupt):
         finished = sw.run_sweep(inv, points, args, state, runner, on_point, fail_fast=fail_fast,
                                 interrupted=lambda: runner.interrupted)
     table = rows(sw.points_in(state, points))
-    written = write_tables(folder, table)
-    try:
-        written += plot(folder, table, note=note or f"{len(inv.hosts)}-host inventory {os.path.basename(inventory)}")
-    except ImportError:
-        err.print(Text("matplotlib is not installed: no plots (pip install 'clusterrun[plots]')", style="yellow"))
+    written = _write_results(folder, table, note or f"{len(inv.hosts)}-host inventory {os.path.basename(inventory)}",
+                             err)
     show_sweep(table, err)
     err.print(Text("results: " + ", ".join(written), style="dim"))
     failed = [r for r in table if r["status"] != "succeeded"]
@@ -103,3 +98,34 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
         return EXIT_INTERRUPTED
     return EXIT_FAILED if failed or not finished else EXIT_OK
 
+
+
+_STATUS_STYLES = {"succeeded": "green", "failed": "bold red", "interrupted": "yellow", "skipped": "dim"}
+
+
+def _point_line(ev: PointEvent) -> Text:
+    """The progress line of one point: how it ended, in how long, its run and why."""
+    from rich.text import Text
+
+    text = f"[{ev.index}/{ev.total}] {ev.point.key}: {ev.status}"
+    if ev.status not in ("starting", "skipped"):
+        text += f" in {ev.seconds:.1f} s"
+    if ev.run_id:
+        text += f" (run {ev.run_id})"
+    if ev.detail:
+        text += f": {ev.detail}"
+    return Text(text, style=_STATUS_STYLES.get(ev.status, ""))
+
+
+def _write_results(folder: str, table: List[dict], note: str, err: Console) -> List[str]:
+    """The results tables, and the plots where matplotlib is installed: the files written."""
+    from rich.text import Text
+
+    from ..sweep.report import plot, write_tables
+
+    written = write_tables(folder, table)
+    try:
+        written += plot(folder, table, note=note)
+    except ImportError:
+        err.print(Text("matplotlib is not installed: no plots (pip install 'clusterrun[plots]')", style="yellow"))
+    return written

@@ -150,18 +150,11 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
     see is a hostfile named by `hosts:`, through read_text."""
     base_dir = os.path.dirname(os.path.abspath(file))
     if looks_like_hostfile(text):
-        defaults = {"connection": "ssh"}
-        hosts = [_make_host(s, defaults, local_python, src) for s, src in parse_hostfile(text, file)]
-        job = Job(root=base_dir, script=None, args=(), sync=(), exclude=DEFAULT_EXCLUDES, init_method="env",
-                  backend="gloo", timeout_s=1800.0, time_limit_s=None, shared_dir=None)
-        return _checked(Inventory(path=file, hosts=tuple(hosts), master_port=29500, job=job, secrets=()), file)
+        return _hostfile_inventory(text, file, base_dir, local_python)
 
     r = NodeReader(file)
     top = r.mapping(compose(text, file), "", TOP_KEYS, required=("version", "hosts"))
-    if "version" in top:
-        vnode = top["version"][1]
-        if r.integer(vnode, "version", 1, 1_000_000) not in (None, 1):
-            r.error(vnode, "version", f"this clusterrun reads inventory version 1, not {vnode.value}")
+    _check_version(r, top)
     job = read_job(r, top["job"][1] if "job" in top else None, base_dir)
     r.context = job.launcher  # env: values may not use per-worker placeholders under torchrun
     defaults: dict = {}
@@ -174,16 +167,41 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
     timeouts = _read_timeouts(r, top["timeouts"][1]) if "timeouts" in top else Timeouts()
     retention = _read_retention(r, top["retention"][1]) if "retention" in top else Retention()
     relay = _read_push(r, top["push"][1]) if "push" in top else "auto"
+    _check_min_nodes(r, top, job, hosts)
+    if r.problems:
+        raise InventoryError(sorted(r.problems, key=lambda p: (p.line, p.column)))
+    return _checked(Inventory(path=file, hosts=tuple(hosts), master_port=master_port, job=job,
+                              secrets=secrets, timeouts=timeouts, master_port_fixed=_port_fixed(top, master_port),
+                              retention=retention, relay=relay), file)
+
+
+def _hostfile_inventory(text: str, file: str, base_dir: str, local_python: str) -> Inventory:
+    """A bare hostfile: its hosts over SSH, the default job and master port."""
+    defaults = {"connection": "ssh"}
+    hosts = [_make_host(s, defaults, local_python, src) for s, src in parse_hostfile(text, file)]
+    job = Job(root=base_dir, script=None, args=(), sync=(), exclude=DEFAULT_EXCLUDES, init_method="env",
+              backend="gloo", timeout_s=1800.0, time_limit_s=None, shared_dir=None)
+    return _checked(Inventory(path=file, hosts=tuple(hosts), master_port=29500, job=job, secrets=()), file)
+
+
+def _check_version(r: NodeReader, top: Dict[str, Tuple[yaml.Node, yaml.Node]]) -> None:
+    if "version" in top:
+        vnode = top["version"][1]
+        if r.integer(vnode, "version", 1, 1_000_000) not in (None, 1):
+            r.error(vnode, "version", f"this clusterrun reads inventory version 1, not {vnode.value}")
+
+
+def _check_min_nodes(r: NodeReader, top: Dict[str, Tuple[yaml.Node, yaml.Node]], job: Job,
+                     hosts: List[Host]) -> None:
     if job.min_nodes is not None and hosts and job.min_nodes > len(hosts):
         node = next(v for k, v in top["job"][1].value if k.value == "min_nodes")
         r.error(node, "job.min_nodes", f"is {job.min_nodes}, but the inventory has {len(hosts)} hosts")
-    if r.problems:
-        raise InventoryError(sorted(r.problems, key=lambda p: (p.line, p.column)))
-    fixed = master_port is not None and "master" in top and \
+
+
+def _port_fixed(top: Dict[str, Tuple[yaml.Node, yaml.Node]], master_port: Optional[int]) -> bool:
+    """The inventory names master.port (not auto, not left out)."""
+    return master_port is not None and "master" in top and \
         any(k.value == "port" for k, _ in getattr(top["master"][1], "value", ()) if hasattr(k, "value"))
-    return _checked(Inventory(path=file, hosts=tuple(hosts), master_port=master_port, job=job,
-                              secrets=secrets, timeouts=timeouts, master_port_fixed=fixed,
-                              retention=retention, relay=relay), file)
 
 
 def _read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, local_python: str,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -52,10 +52,6 @@ class Job:
             return ("-m", self.module)
         return (self.script,) if self.script else None
 
-    @property
-    def entry_text(self) -> str:
-        return f"-m {self.module}" if self.module else (self.script or "")
-
 
 def _rel_job_path(r: NodeReader, node: yaml.Node, key: str, value: str, root: str) -> Optional[str]:
     """A path under root, as a normalised relative POSIX path; None (with a problem) if it escapes."""
@@ -67,58 +63,92 @@ def _rel_job_path(r: NodeReader, node: yaml.Node, key: str, value: str, root: st
     return "." if rel == "." else rel
 
 
+@dataclass(frozen=True)
+class _Entries:
+    """The job: mapping's entries by key, each read only where the inventory gives it."""
+
+    by_name: Dict[str, Tuple[yaml.Node, yaml.Node]]
+
+    def node(self, name: str) -> Optional[yaml.Node]:
+        return self.by_name[name][1] if name in self.by_name else None
+
+    def read(self, name: str, read: Callable[..., Any], default: Any, **kwargs: Any) -> Any:
+        """read(value node, "job.NAME", **kwargs) where the key is given; the default where it is not."""
+        node = self.node(name)
+        return default if node is None else read(node, f"job.{name}", **kwargs)
+
+
 def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
-    entries = r.mapping(node, "job", JOB_KEYS) if node is not None else {}
-
-    def get(name):
-        return entries[name][1] if name in entries else None
-
-    root = base_dir
-    if get("root") is not None:
-        value = r.string(get("root"), "job.root")
-        if value is not None:
-            root = os.path.normpath(os.path.join(base_dir, os.path.expanduser(value)))
-    script = None
-    if get("script") is not None:
-        value = r.string(get("script"), "job.script")
-        if value is not None:
-            script = _rel_job_path(r, get("script"), "job.script", value, root)
-    module = _read_module(r, get("module"), has_script=get("script") is not None)
-    launcher = r.choice(get("launcher"), "job.launcher", LAUNCHERS) if get("launcher") is not None else "python"
-    launcher = launcher or "python"
-    rank_flags = r.boolean(get("rank_flags"), "job.rank_flags") if get("rank_flags") is not None else None
-    if rank_flags and launcher == "torchrun":
-        r.error(get("rank_flags"), "job.rank_flags", "launcher: torchrun gives every worker its rank in RANK; "
-                                                      "it cannot add --rank to each worker's arguments")
-    args = tuple(r.string_list(get("args"), "job.args", numbers_ok=True,
-                               check=lambda v: placeholders.check(v, per_worker_ok=launcher != "torchrun"))) \
-        if get("args") is not None else ()
-    init_method = r.choice(get("init_method"), "job.init_method", ("env", "tcp", "file")) \
-        if get("init_method") is not None else "env"
-    if launcher == "torchrun" and init_method not in (None, "env"):
-        r.error(get("init_method"), "job.init_method", "launcher: torchrun makes the rendezvous itself and hands "
-                                                        "each worker env://; leave init_method at env")
-    backend = r.choice(get("backend"), "job.backend", ("gloo", "nccl")) if get("backend") is not None else "gloo"
-    timeout = r.duration(get("timeout"), "job.timeout") if get("timeout") is not None else 1800.0
-    time_limit = r.duration(get("time_limit"), "job.time_limit") if get("time_limit") is not None else None
-    shared_dir = _read_shared_dir(r, get("shared_dir"))
-    if init_method == "file" and shared_dir is None and not any(p.key == "job.shared_dir" for p in r.problems):
-        r.error(get("init_method"), "job.init_method",
-                "init_method: file needs job.shared_dir, a folder every host sees at the same path")
-    setup = tuple(r.string_list(get("setup"), "job.setup", nonempty=True)) if get("setup") is not None else ()
-    restarts = r.integer(get("restarts"), "job.restarts", 0, 1000) if get("restarts") is not None else 0
-    min_nodes = r.integer(get("min_nodes"), "job.min_nodes", 1, 4096) if get("min_nodes") is not None else None
-    delay = r.duration(get("restart_delay"), "job.restart_delay", zero=True) \
-        if get("restart_delay") is not None else 5.0
-    checkpoint_dir = read_absolute(r, get("checkpoint_dir"), "job.checkpoint_dir",
+    job = _Entries(r.mapping(node, "job", JOB_KEYS) if node is not None else {})
+    # In this order: a later check looks at the problems the reads before it reported (job.shared_dir's).
+    root = _read_root(r, job, base_dir)
+    script = _read_script(r, job, root)
+    module = _read_module(r, job.node("module"), has_script=job.node("script") is not None)
+    launcher = job.read("launcher", r.choice, "python", choices=LAUNCHERS) or "python"
+    rank_flags = _read_rank_flags(r, job, launcher)
+    args = _read_args(r, job, launcher)
+    init_method = _read_init_method(r, job, launcher)
+    backend = job.read("backend", r.choice, "gloo", choices=("gloo", "nccl"))
+    timeout = job.read("timeout", r.duration, 1800.0)
+    time_limit = job.read("time_limit", r.duration, None)
+    shared_dir = _read_shared_dir(r, job.node("shared_dir"))
+    _check_file_rendezvous(r, job, init_method, shared_dir)
+    setup = tuple(job.read("setup", r.string_list, (), nonempty=True))
+    restarts = job.read("restarts", r.integer, 0, lo=0, hi=1000)
+    min_nodes = job.read("min_nodes", r.integer, None, lo=1, hi=4096)
+    delay = job.read("restart_delay", r.duration, 5.0, zero=True)
+    checkpoint_dir = read_absolute(r, job.node("checkpoint_dir"), "job.checkpoint_dir",
                                     "must be an absolute path on the hosts (a shared folder, or one on each)")
-    exclude = tuple(r.string_list(get("exclude"), "job.exclude")) if get("exclude") is not None else ()
-    return Job(root=root, script=script, args=args, sync=tuple(_read_sync(r, get("sync"), root)),
+    exclude = tuple(job.read("exclude", r.string_list, ()))
+    # A value that failed to read is None (its problem is recorded); the defaults keep the Job well-formed.
+    return Job(root=root, script=script, args=args, sync=tuple(_read_sync(r, job.node("sync"), root)),
                exclude=DEFAULT_EXCLUDES + exclude, init_method=init_method or "env", backend=backend or "gloo",
                timeout_s=timeout or 1800.0, time_limit_s=time_limit, shared_dir=shared_dir, module=module,
                rank_flags=launcher == "python" if rank_flags is None else rank_flags, launcher=launcher,
                setup=setup, restarts=restarts or 0, min_nodes=min_nodes, restart_delay_s=5.0 if delay is None else delay,
                checkpoint_dir=checkpoint_dir)
+
+
+def _read_root(r: NodeReader, job: _Entries, base_dir: str) -> str:
+    """job.root, relative to the inventory's folder; that folder itself when not given."""
+    value = job.read("root", r.string, None)
+    return base_dir if value is None else os.path.normpath(os.path.join(base_dir, os.path.expanduser(value)))
+
+
+def _read_script(r: NodeReader, job: _Entries, root: str) -> Optional[str]:
+    value = job.read("script", r.string, None)
+    return None if value is None else _rel_job_path(r, job.node("script"), "job.script", value, root)
+
+
+def _read_rank_flags(r: NodeReader, job: _Entries, launcher: str) -> Optional[bool]:
+    """job.rank_flags as given (None: not given, the launcher decides)."""
+    rank_flags = job.read("rank_flags", r.boolean, None)
+    if rank_flags and launcher == "torchrun":
+        r.error(job.node("rank_flags"), "job.rank_flags", "launcher: torchrun gives every worker its rank in RANK; "
+                                                          "it cannot add --rank to each worker's arguments")
+    return rank_flags
+
+
+def _read_args(r: NodeReader, job: _Entries, launcher: str) -> Tuple[str, ...]:
+    per_worker_ok = launcher != "torchrun"  # torchrun gives all of a host's workers one command line
+    return tuple(job.read("args", r.string_list, (), numbers_ok=True,
+                          check=lambda v: placeholders.check(v, per_worker_ok=per_worker_ok)))
+
+
+def _read_init_method(r: NodeReader, job: _Entries, launcher: str) -> Optional[str]:
+    init_method = job.read("init_method", r.choice, "env", choices=("env", "tcp", "file"))
+    if launcher == "torchrun" and init_method not in (None, "env"):
+        r.error(job.node("init_method"), "job.init_method", "launcher: torchrun makes the rendezvous itself and "
+                                                            "hands each worker env://; leave init_method at env")
+    return init_method
+
+
+def _check_file_rendezvous(r: NodeReader, job: _Entries, init_method: Optional[str],
+                           shared_dir: Optional[str]) -> None:
+    """init_method: file needs a shared folder; said once, not again where job.shared_dir has its own problem."""
+    if init_method == "file" and shared_dir is None and not any(p.key == "job.shared_dir" for p in r.problems):
+        r.error(job.node("init_method"), "job.init_method",
+                "init_method: file needs job.shared_dir, a folder every host sees at the same path")
 
 
 def _read_module(r: NodeReader, node: Optional[yaml.Node], has_script: bool) -> Optional[str]:

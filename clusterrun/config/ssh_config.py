@@ -255,9 +255,6 @@ def read_config(alias: str, *, user: Optional[str] = None, port: Optional[int] =
     return reader.resolved()
 
 
-def no_options(alias: str, user: Optional[str] = None, port: Optional[int] = None) -> Resolved:
-    return Resolved()
-
 
 def from_openssh(output: str, alias: str, ours: Resolved, *, local_user: Optional[str] = None,
                  home: Optional[str] = None) -> Resolved:
@@ -294,29 +291,52 @@ def _word(resolved: Resolved, key: str) -> Optional[str]:
 def ssh_target(host: Host, options: Options) -> SshTarget:
     """The target for an inventory host; inventory values win over the SSH config's."""
     found = options(host.host, user=host.user, port=host.port)
-    sources = {k: f"ssh config {v}" if ":" in v and v != "inventory" else v for k, v in found.sources.items()}
     jump = host.proxy_jump or _word(found, "proxyjump")
+    return SshTarget(
+        label=host.name, alias=host.host, hostname=found.get("hostname") or host.host,
+        port=host.port or int(found.get("port") or 22), user=host.user or found.get("user") or getpass.getuser(),
+        identity_files=_identity_files(host, found), known_hosts=os.path.expanduser(_known_hosts(host, found)),
+        host_key_policy=host.host_key_policy,
+        jumps=() if jump is None else tuple(_jump(spec, host, options) for spec in jump.split(",")),
+        proxy_command=None if host.proxy_jump else _word(found, "proxycommand"),
+        identities_only=_identities_only(found), identity_explicit=_identity_explicit(host, found),
+        sources=_sources(host, found))
+
+
+def _sources(host: Host, found: Resolved) -> Dict[str, str]:
+    """Where each of the target's values came from: the inventory, or the SSH config's file:line."""
+    sources = {k: f"ssh config {v}" if ":" in v and v != "inventory" else v for k, v in found.sources.items()}
     if host.proxy_jump:
         sources["proxyjump"] = "inventory"
-    command = None if host.proxy_jump else _word(found, "proxycommand")
     if host.identity_file:
-        files, sources["identity"] = (os.path.expanduser(host.identity_file),), "inventory"
-    else:
-        files = tuple(found.values.get("identityfile", ()))
-        if "identityfile" in sources:
-            sources["identity"] = sources.pop("identityfile")
-    known = host.known_hosts or (found.values.get("userknownhostsfile") or ("~/.ssh/known_hosts",))[0]
+        sources["identity"] = "inventory"
+    elif "identityfile" in sources:
+        sources["identity"] = sources.pop("identityfile")
     if host.known_hosts:
         sources["known_hosts"] = "inventory"
     elif "userknownhostsfile" in sources:
         sources["known_hosts"] = sources.pop("userknownhostsfile")
-    return SshTarget(
-        label=host.name, alias=host.host, hostname=found.get("hostname") or host.host,
-        port=host.port or int(found.get("port") or 22), user=host.user or found.get("user") or getpass.getuser(),
-        identity_files=files, known_hosts=os.path.expanduser(known), host_key_policy=host.host_key_policy,
-        jumps=() if jump is None else tuple(_jump(spec, host, options) for spec in jump.split(",")),
-        proxy_command=command, identities_only=(found.get("identitiesonly") or "no").lower() == "yes",
-        identity_explicit=bool(host.identity_file or found.sources.get("identityfile")), sources=sources)
+    return sources
+
+
+def _identity_files(host: Host, found: Resolved) -> Tuple[str, ...]:
+    """The inventory's key alone where it names one, else every IdentityFile of the SSH config."""
+    if host.identity_file:
+        return (os.path.expanduser(host.identity_file),)
+    return tuple(found.values.get("identityfile", ()))
+
+
+def _known_hosts(host: Host, found: Resolved) -> str:
+    return host.known_hosts or (found.values.get("userknownhostsfile") or ("~/.ssh/known_hosts",))[0]
+
+
+def _identities_only(found: Resolved) -> bool:
+    return (found.get("identitiesonly") or "no").lower() == "yes"
+
+
+def _identity_explicit(host: Host, found: Resolved) -> bool:
+    """A key was named (inventory or SSH config), rather than left to the defaults."""
+    return bool(host.identity_file or found.sources.get("identityfile"))
 
 
 def _jump(spec: str, host: Host, options: Options) -> SshTarget:
@@ -328,16 +348,13 @@ def _jump(spec: str, host: Host, options: Options) -> SshTarget:
     else:
         name, _, port = rest.partition(":")
     found = options(name, user=user or None, port=int(port) if port else None)
-    files = (os.path.expanduser(host.identity_file),) if host.identity_file else \
-        tuple(found.values.get("identityfile", ()))
     return SshTarget(
         label=f"{host.name} (via jump {name})", alias=name, hostname=found.get("hostname") or name,
         port=int(port) if port else int(found.get("port") or 22),
-        user=user or found.get("user") or getpass.getuser(), identity_files=files,
-        known_hosts=os.path.expanduser(host.known_hosts or (found.values.get("userknownhostsfile")
-                                                            or ("~/.ssh/known_hosts",))[0]),
-        host_key_policy=host.host_key_policy, identities_only=(found.get("identitiesonly") or "no").lower() == "yes",
-        identity_explicit=bool(host.identity_file or found.sources.get("identityfile")),
+        user=user or found.get("user") or getpass.getuser(), identity_files=_identity_files(host, found),
+        known_hosts=os.path.expanduser(_known_hosts(host, found)),
+        host_key_policy=host.host_key_policy, identities_only=_identities_only(found),
+        identity_explicit=_identity_explicit(host, found),
         sources={"identity": "inventory"} if host.identity_file else {})
 
 

@@ -51,6 +51,26 @@ def parse_duration(text: str) -> Optional[float]:
     return d * 86400 + h * 3600 + mi * 60 + s
 
 
+def _key_problem(knode: yaml.Node, key: str, allowed: Sequence[str],
+                 seen: Dict[str, Tuple[yaml.Node, yaml.Node]]) -> Optional[Tuple[str, str]]:
+    """(key path, message) for a mapping key that cannot stand; None for one to keep."""
+    if not isinstance(knode, yaml.ScalarNode) or knode.tag != STR:
+        where = f"{key}.{knode.value}" if key else str(knode.value)
+        return where, f"keys must be plain words, got {describe(knode)}"
+    name = knode.value
+    path = f"{key}.{name}" if key else name
+    if name == "<<":
+        return path, "YAML merge keys are not supported; put shared values under defaults:"
+    if name in seen:
+        first = seen[name][0].start_mark.line + 1
+        return path, f"duplicate key (first given on line {first})"
+    if name not in allowed:
+        close = difflib.get_close_matches(name, allowed, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else f"; allowed: {', '.join(allowed)}"
+        return path, f"unknown key '{name}'{hint}"
+    return None
+
+
 class NodeReader:
     """Collects problems while reading typed values out of a composed YAML document."""
 
@@ -71,29 +91,20 @@ class NodeReader:
             return {}
         out: Dict[str, Tuple[yaml.Node, yaml.Node]] = {}
         for knode, vnode in node.value:
-            if not isinstance(knode, yaml.ScalarNode) or knode.tag != STR:
-                where = f"{key}.{knode.value}" if key else str(knode.value)
-                self.error(knode, where, f"keys must be plain words, got {describe(knode)}")
+            problem = _key_problem(knode, key, allowed, out)
+            if problem is not None:
+                self.error(knode, *problem)
                 continue
-            name = knode.value
-            path = f"{key}.{name}" if key else name
-            if name == "<<":
-                self.error(knode, path, "YAML merge keys are not supported; put shared values under defaults:")
-                continue
-            if name in out:
-                first = out[name][0].start_mark.line + 1
-                self.error(knode, path, f"duplicate key (first given on line {first})")
-                continue
-            if name not in allowed:
-                close = difflib.get_close_matches(name, allowed, n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else f"; allowed: {', '.join(allowed)}"
-                self.error(knode, path, f"unknown key '{name}'{hint}")
-                continue
-            out[name] = (knode, vnode)
-        for name in required:
-            if name not in out and not any(p.key.startswith(f"{key}.{name}" if key else name) for p in self.problems):
-                self.error(node, key or "(document)", f"missing required key '{name}'")
+            out[knode.value] = (knode, vnode)
+        self._report_missing(node, key, required, out)
         return out
+
+    def _report_missing(self, node: yaml.Node, key: str, required: Sequence[str],
+                        found: Dict[str, Tuple[yaml.Node, yaml.Node]]) -> None:
+        """Each required key not found, unless a problem was already reported at or under its path."""
+        for name in required:
+            if name not in found and not any(p.key.startswith(f"{key}.{name}" if key else name) for p in self.problems):
+                self.error(node, key or "(document)", f"missing required key '{name}'")
 
     def string(self, node: yaml.Node, key: str, *, numbers_ok: bool = False,
                pattern: Optional[re.Pattern] = None, what: str = "") -> Optional[str]:

@@ -10,7 +10,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 from ..config.inventory import Host, Timeouts
 from ..errors import (CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, SetupError,
@@ -22,6 +22,7 @@ from .relay import RelayGroup
 from .wire import FollowStream, Prepended, ProgramMissing, exit_code_of, pack_msg, read_msg
 
 BATCH = 1 << 20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,19 +69,26 @@ class HostClient:
                                       hint="install Python 3 there, or set python: in the inventory")
         return RemoteCommandError(self.label, what, exit_code=code, output_tail=tail)
 
+    def _with_program(self, attempt: Callable[[], T]) -> T:
+        """One host-program call: if the host lacks the program (in this version), install it and try once
+        more. Every call to the host program goes through here."""
+        try:
+            return attempt()
+        except ProgramMissing:
+            self.install()
+            return attempt()
+
+    def _run(self, command: str, *args: str, stdin: Optional[bytes] = None, timeout: Optional[float] = None):
+        done = self.transport.run(self.argv(command, *args), stdin=stdin, timeout=timeout or self.timeouts.command)
+        if done.exit_code == EXIT_PROGRAM_MISSING:
+            raise ProgramMissing()
+        return done
+
     def call(self, command: str, *args: str, stdin: Optional[bytes] = None,
              timeout: Optional[float] = None) -> dict:
-        """Run one host command that answers with a JSON line; install the host program if missing."""
-        for attempt in (1, 2):
-            done = self.transport.run(self.argv(command, *args), stdin=stdin, timeout=timeout or self.timeouts.command)
-            if done.exit_code == EXIT_PROGRAM_MISSING and attempt == 1:
-                self.install()
-                continue
-            break
-        try:
-            reply = json.loads(done.stdout.decode().strip().splitlines()[-1]) if done.stdout.strip() else None
-        except ValueError:
-            reply = None
+        """Run one host command that answers with a JSON line."""
+        done = self._with_program(lambda: self._run(command, *args, stdin=stdin, timeout=timeout))
+        reply = _last_json(done.stdout)
         if done.exit_code == 0 and isinstance(reply, dict):
             return reply
         if isinstance(reply, dict) and "error" in reply:
@@ -90,161 +98,147 @@ class HostClient:
 
     # -------------------------------------------------------------- commands
 
-    def read_file(self, run_id: str, rel: str) -> bytes:
+    def read_file(self, attempt_key: str, rel: str) -> bytes:
         """A file from the run's job folder on this host (raw bytes)."""
-        done = self.transport.run(self.argv("cat", run_id, rel), timeout=self.timeouts.command)
-        if done.exit_code == EXIT_PROGRAM_MISSING:
-            self.install()
-            done = self.transport.run(self.argv("cat", run_id, rel), timeout=self.timeouts.command)
+        done = self._with_program(lambda: self._run("cat", attempt_key, rel))
         if done.exit_code != 0:
-            try:
-                reason = json.loads(done.stdout.decode().strip().splitlines()[-1])["error"]
-            except (ValueError, KeyError, IndexError):
-                raise self._command_failed(f"cannot read {rel}", done.exit_code, done.stderr) from None
-            raise RemoteCommandError(self.label, reason, exit_code=done.exit_code)
+            reply = _last_json(done.stdout)
+            if not isinstance(reply, dict) or "error" not in reply:
+                raise self._command_failed(f"cannot read {rel}", done.exit_code, done.stderr)
+            raise RemoteCommandError(self.label, reply["error"], exit_code=done.exit_code)
         return done.stdout
 
     def free_port(self) -> int:
         return int(self.call("free-port")["port"])
 
-    def probe(self) -> dict:
-        return self.call("probe")
-
     def runs(self) -> dict:
         """Every run folder on this host: status (running, finished, receiving, unstarted), bytes, log
-        sizes; the cache's size and the free space (remote/host/clean.py)."""
+        sizes; the cache's size and the free space (remote/host/disk/runs.py)."""
         return self.call("runs", timeout=self.timeouts.command * 4)
 
     def clean(self, request: dict) -> dict:
         """Remove the run folders named (each re-checked there), collect the cache; what was freed."""
         return self.call("clean", stdin=json.dumps(request).encode(), timeout=self.timeouts.command * 4 + 120)
 
-    def status(self, run_id: str) -> dict:
-        return self.call("status", run_id)
+    def status(self, attempt_key: str) -> dict:
+        return self.call("status", attempt_key)
 
-    def stop(self, run_id: str, grace: float, reason: str = "stopped") -> dict:
-        """Stop every rank of the run on this host (TERM, grace, KILL); reason goes into their exit records."""
-        return self.call("stop", run_id, f"{grace:g}", reason, timeout=grace + self.timeouts.command)
+    def stop(self, attempt_key: str, grace: float, reason: str = "stopped") -> dict:
+        """Stop every rank of the attempt on this host (TERM, grace, KILL); a run's id stops every attempt of
+        it. reason goes into their exit records."""
+        return self.call("stop", attempt_key, f"{grace:g}", reason, timeout=grace + self.timeouts.command)
 
-    def start(self, run_id: str, spec: dict) -> dict:
+    def start(self, attempt_key: str, spec: dict) -> dict:
         """Hand the spec (env and secrets included) to the host on stdin; it lands in a 0600 file there."""
         try:
-            return self.call("start", run_id, stdin=json.dumps(spec).encode())
+            return self.call("start", attempt_key, stdin=json.dumps(spec).encode())
         except RemoteCommandError as exc:
             raise StartError(self.label, str(exc.message), hint=exc.hint) from None
 
-    def follow(self, run_id: str, offsets: Dict[Hashable, int], once: bool = False) -> FollowStream:
+    def follow(self, attempt_key: str, offsets: Dict[Hashable, int], once: bool = False) -> FollowStream:
         """Frames from the host's `follow`; offsets by rank, or ("a", i) for auxiliary stream i."""
         wire = {f"a{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in offsets.items()}
-        args = [run_id, json.dumps(wire)] + (["--once"] if once else [])
-        for attempt in (1, 2):
+        args = [attempt_key, json.dumps(wire)] + (["--once"] if once else [])
+
+        def attempt() -> FollowStream:
             stream = FollowStream(self.transport.open(self.argv("follow", *args)), self.label)
-            if self._installed or attempt == 2:
+            if self._installed:
                 return stream
-            try:
-                first = stream.next(self.timeouts.command)
+            try:  # the first frame tells whether the program is there (ProgramMissing otherwise)
+                return Prepended(stream, stream.next(self.timeouts.command))
             except ProgramMissing:
                 stream.close()
-                self.install()
-                continue
+                raise
             except TimeoutError:
                 return stream
-            return Prepended(stream, first)
-        raise AssertionError("unreachable")
 
-    def push_only(self, run_id: str, manifest: Manifest,
-                  progress: Callable[[int], None] = lambda n: None) -> PushResult:
-        """Push the job into the run folder and end there (a later `start` command starts it)."""
-        return self._push(run_id, manifest, progress, hold=False, want_port=False, check_port=None,
-                          master_addr="")[0]
+        return self._with_program(attempt)
 
-    def push_only_relay(self, run_id: str, manifest: Manifest, group: RelayGroup, index: int) -> PushResult:
-        """push_only, as one host of a relay push (tests and the bench drive the chain this way)."""
-        return self._push(run_id, manifest, lambda n: None, hold=False, want_port=False, check_port=None,
-                          master_addr="", relay=(group, index))[0]
-
-    def push(self, run_id: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None,
+    def push(self, attempt_key: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None,
              want_port: bool = False, check_port: Optional[int] = None, master_addr: str = "",
-             relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False) -> "HeldPush":
+             relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False,
+             hold: bool = True) -> "HeldPush":
         """Push the job and keep the channel for the start: one command per host for push and start.
-        Dropping the HeldPush (abandon) makes the host remove the run it received. The host also reports
-        facts for the preflight (its Python; whether check_port is free). relay: (the push's chain, this
-        host's place in the inventory): objects may come from another host (hosts/relay.py). coordinator:
-        rank 0's host binds the supervisors' meeting port now, so every host can be started at once."""
-        result, stream, answer = self._push(run_id, manifest, progress, hold=True, want_port=want_port,
-                                            check_port=check_port, master_addr=master_addr, relay=relay,
-                                            coordinator=coordinator)
-        return HeldPush(self, stream, result, answer.get("port"), answer.get("facts") or {},
-                        answer.get("coordinator_port"))
-
-    def _push(self, run_id, manifest, progress, *, hold: bool, want_port: bool, check_port: Optional[int],
-              master_addr: str, relay=None, coordinator: bool = False):
+        Dropping the HeldPush (abandon) makes the host remove the run it received; hold=False ends the
+        command after the push instead (the run folder stays, unstarted; a later `start` starts it). The
+        host also reports facts for the preflight (its Python; whether check_port is free). relay: (the
+        push's chain, this host's place in it): objects may come from another host (hosts/relay.py); a
+        push that fails tells the chain, so the other hosts stop waiting for this one. coordinator: rank
+        0's host binds the supervisors' meeting port now, so every host can be started at once."""
         try:
-            for attempt in (1, 2):
-                try:
-                    return self._push_once(run_id, manifest, progress, hold, want_port, check_port, master_addr,
-                                           relay, coordinator)
-                except ProgramMissing:
-                    if attempt == 2:
-                        raise
-                    self.install()
-            raise AssertionError("unreachable")
+            result, stream, answer = self._with_program(lambda: self._push_once(
+                attempt_key, manifest, progress, hold, want_port, check_port, master_addr, relay, coordinator))
         except BaseException:
             if relay is not None:
-                relay[0].fail(relay[1])  # the other hosts stop waiting for this one
+                relay[0].fail(relay[1])
             raise
+        return HeldPush(self, stream if hold else None, result, answer.get("port"), answer.get("facts") or {},
+                        answer.get("coordinator_port"))
 
-    def _push_once(self, run_id: str, manifest: Manifest, progress: Callable[[int], None], hold: bool,
+    def _push_once(self, attempt_key: str, manifest: Manifest, progress: Callable[[int], None], hold: bool,
                    want_port: bool, check_port: Optional[int], master_addr: str,
                    relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False):
         t0 = time.monotonic()
-        stream = self.transport.open(self.argv("receive", run_id))
+        stream = self.transport.open(self.argv("receive", attempt_key))
         timeout = self.timeouts.command
         keep = False
         try:
-            wire = pack_msg({**manifest.wire(), "hold": hold, "free_port": want_port, "check_port": check_port,
-                             "master_addr": master_addr, "relay": relay is not None, "coordinator": coordinator})
-            try:
-                stream.write(wire, timeout)
-                answer = read_msg(stream, timeout)
-            except StreamClosed:
-                if exit_code_of(stream) == EXIT_PROGRAM_MISSING:
-                    raise ProgramMissing() from None
-                raise
-            if "error" in answer:
-                raise PushError(self.label, answer["error"], path=answer.get("path", ""),
-                                hint=_push_hint(answer.get("kind", "")))
-            if relay is None:
-                sent = self._send_objects(stream, manifest, [(sha, None) for sha in answer["missing"]], progress)
-            else:
-                group, index = relay
-                plan = group.arrive(index, self.host.name, answer["missing_objects"], self.host.master_addr,
-                                    answer.get("relay_port"))
-                stream.write(pack_msg({"relay": plan}), timeout)
-                sent = 0
-                if plan["from"] == "controller":
-                    sent = self._send_objects(stream, manifest, [(o[0], o[2]) for o in plan["objects"]], progress)
+            answer = self._offer(stream, {**manifest.wire(), "hold": hold, "free_port": want_port,
+                                          "check_port": check_port, "master_addr": master_addr,
+                                          "relay": relay is not None, "coordinator": coordinator})
+            self._raise_push_error(answer)
+            sent = self._send_missing(stream, manifest, answer, relay, progress)
             result = read_msg(stream, timeout)
             if "relay_failed" in result:  # its upstream failed it: what it still lacks comes from here
                 sent += self._send_objects(stream, manifest, [(sha, None) for sha in result["need"]], progress)
                 result = read_msg(stream, timeout)
-            if "error" in result:
-                raise PushError(self.label, result["error"], path=result.get("path", ""),
-                                hint=_push_hint(result.get("kind", "")))
+            self._raise_push_error(result)
             keep = hold
-            return (PushResult(sent_bytes=sent, objects=result["objects"], files=result["files"],
-                               seconds=time.monotonic() - t0, repaired=len(answer.get("repaired") or ()),
-                               relayed=result.get("relayed") or 0, relay_notes=tuple(result.get("relay_notes") or ())),
-                    stream, answer)
+            return _push_result(sent, answer, result, time.monotonic() - t0), stream, answer
         except TimeoutError:
             raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
         except StreamClosed as exc:
-            code = exit_code_of(stream)
-            raise self._command_failed(f"push interrupted: {exc}", code, stream.stderr()) if code not in (None, -1) \
-                else ConnectError(self.label, f"connection lost during the push: {exc}") from None
+            raise self._push_interrupted(stream, exc) from None
         finally:
             if not keep:
                 stream.close()
+
+    def _offer(self, stream: Stream, message: dict) -> dict:
+        """The push's manifest out, the host's answer (what it lacks) back."""
+        timeout = self.timeouts.command
+        try:
+            stream.write(pack_msg(message), timeout)
+            return read_msg(stream, timeout)
+        except StreamClosed:
+            if exit_code_of(stream) == EXIT_PROGRAM_MISSING:
+                raise ProgramMissing() from None
+            raise
+
+    def _raise_push_error(self, answer: dict) -> None:
+        if "error" in answer:
+            raise PushError(self.label, answer["error"], path=answer.get("path", ""),
+                            hint=_push_hint(answer.get("kind", "")))
+
+    def _send_missing(self, stream: Stream, manifest: Manifest, answer: dict,
+                      relay: Optional[Tuple[RelayGroup, int]], progress: Callable[[int], None]) -> int:
+        """What the host lacks: all of it from here, or (relay push) what the chain's plan leaves to the
+        controller; the bytes sent."""
+        if relay is None:
+            return self._send_objects(stream, manifest, [(sha, None) for sha in answer["missing"]], progress)
+        group, index = relay
+        plan = group.arrive(index, self.host.name, answer["missing_objects"], self.host.master_addr,
+                            answer.get("relay_port"))
+        stream.write(pack_msg({"relay": plan}), self.timeouts.command)
+        if plan["from"] != "controller":
+            return 0
+        return self._send_objects(stream, manifest, [(o[0], o[2]) for o in plan["objects"]], progress)
+
+    def _push_interrupted(self, stream: Stream, exc: StreamClosed) -> HostError:
+        """The host program failed (its exit code and stderr say how), or the connection itself was lost."""
+        code = exit_code_of(stream)
+        if code not in (None, -1):
+            return self._command_failed(f"push interrupted: {exc}", code, stream.stderr())
+        return ConnectError(self.label, f"connection lost during the push: {exc}")
 
     def _send_objects(self, stream: Stream, manifest: Manifest, wanted: Sequence[Tuple[str, Optional[bool]]],
                       progress: Callable[[int], None]) -> int:
@@ -316,7 +310,7 @@ class HeldPush:
         return answer["state"]
 
     def setup(self, request: dict, on_output: Callable[[str], None], silence_s: float) -> SetupResult:
-        """Run job.setup on the host (remote/host/setup.py), its output to on_output as it comes; a failing
+        """Run job.setup on the host (remote/host/push/job_setup.py), its output to on_output as it comes; a failing
         command raises RemoteCommandError naming it and the last lines. silence_s: how long the host may
         say nothing at all (it beats every 2 s) before it counts as lost."""
         label = self.client.label
@@ -353,6 +347,21 @@ class HeldPush:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+
+def _last_json(stdout: bytes) -> object:
+    """The JSON value on the last line of a command's output (None when there is none)."""
+    try:
+        return json.loads(stdout.decode().strip().splitlines()[-1]) if stdout.strip() else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _push_result(sent: int, answer: dict, result: dict, seconds: float) -> PushResult:
+    """The push's figures, from the host's first answer (what it repaired) and its last (what it holds)."""
+    return PushResult(sent_bytes=sent, objects=result["objects"], files=result["files"], seconds=seconds,
+                      repaired=len(answer.get("repaired") or ()), relayed=result.get("relayed") or 0,
+                      relay_notes=tuple(result.get("relay_notes") or ()))
 
 
 def _push_hint(kind: str) -> str:

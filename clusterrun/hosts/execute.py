@@ -47,7 +47,7 @@ def select_hosts(hosts: Sequence[Host], names: str) -> List[Host]:
 
 
 def run_everywhere(hosts: Sequence[Host], connect: Callable[[Host], HostClient], argv: Sequence[str],
-                   timeout: float) -> GroupResult[str]:
+                   timeout: float) -> GroupResult:
     """argv on every host at once; results (HostOutput) and connection errors by host name."""
     def one(host: Host) -> HostOutput:
         t0 = time.monotonic()
@@ -63,4 +63,4 @@ def run_everywhere(hosts: Sequence[Host], connect: Callable[[Host], HostClient],
             client.close()
         return HostOutput(host.name, done.exit_code, done.stdout, done.stderr, time.monotonic() - t0)
 
-    return fan_out(list(hosts), one, key=lambda h: h.name, name=lambda h: h.name, thread_name="exec")
+    return fan_out(list(hosts), one, name=lambda h: h.name, thread_name="exec")

@@ -56,7 +56,7 @@ class LogFiles:
 
 class Follower(threading.Thread):
     def __init__(self, *, node_rank: int, host: str, ranks: Iterable[int], files: LogFiles, world_size: int,
-                 run_id: str, client: Callable[[bool], HostClient], out: "queue.Queue", host_lost_s: float,
+                 attempt_key: str, client: Callable[[bool], HostClient], out: "queue.Queue", host_lost_s: float,
                  offsets: Optional[Dict[Hashable, int]] = None, once: bool = False, aux: Sequence[str] = ()):
         """ranks: the ranks expected on this host (under torchrun more may turn up: any below world_size).
         aux: names of the host's auxiliary streams, by index (("torchrun",) under torchrun). offsets:
@@ -65,7 +65,7 @@ class Follower(threading.Thread):
         super().__init__(name=f"follow-{host}", daemon=True)
         self.node_rank = node_rank
         self.host = host
-        self.run_id = run_id
+        self.attempt_key = attempt_key
         self._files = files
         self._world = world_size
         self._aux = tuple(aux)
@@ -110,7 +110,7 @@ class Follower(threading.Thread):
         reconnect = False
         while not self._halt.is_set():
             try:
-                stream = self._client(reconnect).follow(self.run_id, self.offsets, once=self._once)
+                stream = self._client(reconnect).follow(self.attempt_key, self.offsets, once=self._once)
             except (HostError, StreamClosed, OSError) as exc:
                 if self._silent_too_long():
                     return HostLost(self.node_rank, self.host, f"no answer for {self._host_lost_s:g} s ({exc})")
@@ -154,37 +154,47 @@ class Follower(threading.Thread):
 
     def _handle(self, frame: Frame) -> bool:
         """One frame (checked before anything is done with it); True at the end of the stream."""
-        if frame.kind in ("L", "X") and frame.rank >= self._world:
-            raise Malformed(f"a frame for rank {frame.rank}, but the world has {self._world} ranks")
-        if frame.kind == "A" and frame.rank >= len(self._aux):
-            raise Malformed(f"a frame for auxiliary stream {frame.rank}, unknown here")
+        self._check(frame)
         if frame.kind == "L":
             self._log(frame.rank, frame.offset, frame.payload)
         elif frame.kind == "A":
             self._log(("a", frame.rank), frame.offset, frame.payload)
         elif frame.kind == "X":
-            info = frame.json()
-            self._seen(frame.rank)
-            self._flush(frame.rank)
-            self._out.put(RankExit(self.node_rank, frame.rank, info, self.clock_offset))
+            self._rank_exit(frame)
         elif frame.kind == "H":
-            beat = frame.json()
-            if not isinstance(beat.get("now"), (int, float)):
-                raise Malformed("a heartbeat without a time")
-            self.clock_offset = beat["now"] - time.time()
-            restarts = beat.get("restarts") or 0
-            if isinstance(restarts, int) and restarts > self.restarts:
-                self.restarts = restarts
-                self._out.put(HostRestarts(self.node_rank, self.host, restarts))
-            for c in beat.get("connecting") or ():
-                if isinstance(c, dict) and isinstance(c.get("remote"), str):
-                    self._out.put(Stuck(self.node_rank, self.host, c.get("rank"), c["remote"],
-                                        float(c.get("seconds") or 0)))
+            self._heartbeat(frame.json())
         elif frame.kind == "E":
             for key in list(self._split):
                 self._flush(key)
             return True
         return False
+
+    def _check(self, frame: Frame) -> None:
+        """A frame for a rank or stream this host cannot have is garbage."""
+        if frame.kind in ("L", "X") and frame.rank >= self._world:
+            raise Malformed(f"a frame for rank {frame.rank}, but the world has {self._world} ranks")
+        if frame.kind == "A" and frame.rank >= len(self._aux):
+            raise Malformed(f"a frame for auxiliary stream {frame.rank}, unknown here")
+
+    def _rank_exit(self, frame: Frame) -> None:
+        info = frame.json()
+        self._seen(frame.rank)
+        self._flush(frame.rank)
+        self._out.put(RankExit(self.node_rank, frame.rank, info, self.clock_offset))
+
+    def _heartbeat(self, beat: dict) -> None:
+        """The host's clock, torchrun's restarts so far, and the ranks stuck connecting to a peer."""
+        if not isinstance(beat.get("now"), (int, float)):
+            raise Malformed("a heartbeat without a time")
+        self.clock_offset = beat["now"] - time.time()
+        restarts = beat.get("restarts") or 0
+        if isinstance(restarts, int) and restarts > self.restarts:
+            self.restarts = restarts
+            self._out.put(HostRestarts(self.node_rank, self.host, restarts))
+        for c in beat.get("connecting") or ():
+            if isinstance(c, dict) and isinstance(c.get("remote"), str):
+                self._out.put(Stuck(self.node_rank, self.host, c.get("rank"), c["remote"],
+                                    float(c.get("seconds") or 0)))
 
     def _seen(self, rank: int) -> None:
         if rank not in self._copies:  # torchrun's rendezvous put this rank here

@@ -2,8 +2,10 @@
 at once (fabric's `Group` → `GroupResult` / `GroupException`).
 
 `fan_out` blocks until every call ended (or `poll` raises, which abandons the calls still running);
-`fan_out_background` returns at once and hands each result to a callback as it comes. A call that
-raises something other than a HostError (a bug, an unexpected library error) still names its host.
+`fan_out_background` returns at once and hands each result to a callback as it comes; `on_hosts`
+connects to each host first and closes the connection after. Results and errors are keyed by host name
+(an inventory's names are unique). A call that raises something other than a HostError (a bug, an
+unexpected library error) still names its host.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Generic, Hashable, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, TypeVar, Union
 
 from ..errors import HostError, HostsFailed
 
+if TYPE_CHECKING:
+    from .client import HostClient
+
 T = TypeVar("T")
-K = TypeVar("K", bound=Hashable)
 MAX_THREADS = 64
 POLL_S = 0.05
 
@@ -26,12 +30,12 @@ class UnexpectedError(HostError):
 
 
 @dataclass
-class GroupResult(Generic[K]):
-    """Per-host results of one fan-out; `failed` and `raise_for` name hosts by their label."""
+class GroupResult:
+    """Per-host results of one fan-out, by host name; `failed` and `raise_for` keep the hosts' order."""
 
-    results: Dict[K, object] = field(default_factory=dict)
-    errors: Dict[K, HostError] = field(default_factory=dict)
-    names: Dict[K, str] = field(default_factory=dict)
+    results: Dict[str, Any] = field(default_factory=dict)
+    errors: Dict[str, HostError] = field(default_factory=dict)
+    names: Sequence[str] = ()  # every host, in the order given
 
     @property
     def ok(self) -> bool:
@@ -40,7 +44,7 @@ class GroupResult(Generic[K]):
     @property
     def failed(self) -> Dict[str, HostError]:
         """Host name → error, in the order the hosts were given (not the order they failed in)."""
-        return {name: self.errors[k] for k, name in self.names.items() if k in self.errors}
+        return {name: self.errors[name] for name in self.names if name in self.errors}
 
     def raise_for(self, phase: str) -> None:
         """One HostsFailed naming every host that failed (nothing when all succeeded)."""
@@ -58,10 +62,12 @@ def call(fn: Callable[[T], object], item: T, name: str) -> Union[object, HostErr
         return UnexpectedError(name, f"{type(exc).__name__}: {exc}")
 
 
-def fan_out(items: Sequence[T], fn: Callable[[T], object], *, key: Callable[[T], K], name: Callable[[T], str],
-            poll: Optional[Callable[[], None]] = None, thread_name: str = "hosts") -> GroupResult[K]:
+def fan_out(items: Sequence[T], fn: Callable[[T], object], *, name: Callable[[T], str],
+            poll: Optional[Callable[[], None]] = None, thread_name: str = "hosts") -> GroupResult:
     """fn on every item in parallel; `poll` runs every 50 ms meanwhile and may raise to give up waiting."""
-    out: GroupResult[K] = GroupResult(names={key(i): name(i) for i in items})
+    out = GroupResult(names=[name(i) for i in items])
+    if len(set(out.names)) != len(out.names):
+        raise ValueError(f"fan_out: host names must be unique: {out.names}")
     if not items:
         return out
     pool = ThreadPoolExecutor(max_workers=min(MAX_THREADS, len(items)), thread_name_prefix=thread_name)
@@ -71,7 +77,7 @@ def fan_out(items: Sequence[T], fn: Callable[[T], object], *, key: Callable[[T],
         while pending:
             done, pending = wait(pending, timeout=POLL_S if poll else None, return_when=FIRST_COMPLETED)
             for fut in done:
-                _keep(out, key(futures[fut]), fut.result())
+                _keep(out, name(futures[fut]), fut.result())
             if poll is not None:
                 poll()
     finally:
@@ -87,8 +93,38 @@ def fan_out_background(items: Sequence[T], fn: Callable[[T], object], *, name: C
                          name=f"{thread_name}-{name(item)}").start()
 
 
-def _keep(out: GroupResult, k: Hashable, value: object) -> None:
+def on_hosts(items: Sequence[T], connect: Callable[[Any], "HostClient"], fn: Callable[[T, "HostClient"], object],
+             *, host: Callable[[T], Any] = lambda item: item.host, thread_name: str = "hosts") -> GroupResult:
+    """Connect to every item's host and run fn(item, client) there, all in parallel, each connection
+    closed after; results and errors by host name."""
+    def one(item: T) -> object:
+        client = connect(host(item))
+        try:
+            return fn(item, client)
+        finally:
+            client.close()
+
+    return fan_out(items, one, name=lambda item: host(item).name, thread_name=thread_name)
+
+
+def background(fn: Callable[..., T], *args: Any, thread_name: str = "background") -> "Future[T]":
+    """fn(*args) in a daemon thread of its own, started now: work beside a fan-out (hashing the job while
+    the hosts connect). The one other place clusterrun starts a thread."""
+    future: "Future[T]" = Future()
+
+    def body() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+
+    threading.Thread(target=body, daemon=True, name=thread_name).start()
+    return future
+
+
+def _keep(out: GroupResult, name: str, value: object) -> None:
     if isinstance(value, HostError):
-        out.errors[k] = value
+        out.errors[name] = value
     else:
-        out.results[k] = value
+        out.results[name] = value

@@ -1,6 +1,6 @@
 """Relay push, the controller's part: the hosts of one push form a chain (node order), the controller sends
 each object once, to the chain's first host, and every host passes on what the hosts after it still need
-(remote/host/relay.py). Hosts that cannot take part get the direct push they would have had anyway.
+(remote/host/push/relay.py). Hosts that cannot take part get the direct push they would have had anyway.
 
 Every host's push thread (hosts/client.py) answers the manifest, then meets the others here: once every
 host has said what its cache lacks (or given up, or the wait ran out), the chain is laid out and each

@@ -1,6 +1,6 @@
 """What travels between the controller and the host program: framed JSON messages (the push and its
 start) and the frames `follow` sends (log bytes, exit records, heartbeats, the end), parsed from large
-reads (a frame per log chunk, not per line). The host side writes them in remote/host/common.py."""
+reads (a frame per log chunk, not per line). The host side writes them in remote/host/wire.py and observe/follow.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Optional
 from ..remote import EXIT_PROGRAM_MISSING
 from ..transport import Stream, StreamClosed, read_exact
 
-FRAME = struct.Struct(">cIQI")  # kind, rank, offset, payload length (as remote/host/common.py writes them)
+FRAME = struct.Struct(">cIQI")  # kind, rank, offset, payload length (as remote/host/wire.py packs them)
 # The longest payload each kind may have: log frames are at most the host's read size (1 MiB), records a
 # few hundred bytes. A header that says more is garbage (a login shell printing text, a broken host), not
 # a reason to wait for gigabytes.

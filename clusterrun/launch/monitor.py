@@ -15,7 +15,7 @@ from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RankExit
 from ..hosts.group import fan_out_background
 from ..hosts.logs import tail_lines
-from ..outcome import RankResult, RunOutcome, decide, exit_state
+from ..outcome import EndedBy, RankResult, RunOutcome, decide
 from ..plan import LaunchPlan
 from ..registry.store import RunStore
 from ..states import Cleanup, HostState, RankState
@@ -41,10 +41,10 @@ class Monitor:
         self._q = events
         self._timeouts = timeouts
         self._t0 = t0
-        self._exits: Dict[int, dict] = {}  # rank → exit record, with ended_at on the controller's clock
+        self._ended: Dict[int, RankResult] = {}  # rank → how it ended (controller clock)
         self._lost: Dict[int, str] = {}  # node_rank → why
         self._followed: Set[int] = set()
-        self._stop_reason: Optional[str] = None
+        self._stop_reason: Optional[EndedBy] = None
         self._stop_started: Optional[float] = None
         self._stopping: Dict[int, int] = {}  # node rank -> stop calls in flight
         self._forced = False
@@ -66,19 +66,7 @@ class Monitor:
 
     def run(self) -> RunOutcome:
         t_run = time.monotonic()
-        followers = {}
-        run_id = self.plan.run_id
-        attempt = self.plan.attempt
-        for node in self.plan.nodes:
-            files = LogFiles(rank=lambda r: self.store.log_path(run_id, r, attempt),
-                             aux=lambda name, host=node.host.name: self.store.aux_log_path(run_id, host, name,
-                                                                                          attempt))
-            f = Follower(node_rank=node.node_rank, host=node.host.name, ranks=[r.rank for r in node.ranks],
-                         files=files, world_size=self.plan.world_size, run_id=self.plan.host_key,
-                         client=self._client_for(node.node_rank), out=self._q, host_lost_s=self._timeouts.host_lost,
-                         aux=("torchrun",) if node.torchrun else ())
-            followers[node.node_rank] = f
-            f.start()
+        followers = self._start_followers()
         self._emit(Phase("run", f"{self.plan.world_size} ranks on {len(self.plan.nodes)} hosts"))
         for r in self.plan.ranks:
             self.store.update_rank(self.plan.run_id, r.rank, state=RankState.RUNNING)
@@ -86,14 +74,10 @@ class Monitor:
         while True:
             self._handle_events()
             self._act_on_signals()
-            limit = self.plan.time_limit_s
-            if limit is not None and self._stop_reason is None and time.monotonic() - self._t0 > limit:
-                self._begin_stop("time-limit", self._timeouts.grace)
-                self._emit(Notice(f"time limit of {limit:g} s reached: stopping every host", "warning"))
+            self._check_time_limit()
             if self._followed | set(self._lost) >= nodes and not self._stops_awaited():
                 break
-            if self._stop_started is not None and not self._stops_awaited() and \
-                    time.monotonic() - self._stop_started > self._timeouts.grace + self._timeouts.host_lost + 5:
+            if self._stop_overdue():
                 for node_rank in nodes - self._followed - set(self._lost):
                     self._lost[node_rank] = "its ranks' exits never arrived after the stop"
                 break
@@ -103,6 +87,34 @@ class Monitor:
             f.join(timeout=2.0)
         self._handle_events(block=False)
         return self._outcome(time.monotonic() - t_run)
+
+    def _start_followers(self) -> Dict[int, Follower]:
+        """A follower per host, by node rank, each copying its host's logs into the registry."""
+        followers = {}
+        run_id = self.plan.run_id
+        attempt = self.plan.attempt
+        for node in self.plan.nodes:
+            files = LogFiles(rank=lambda r: self.store.log_path(run_id, r, attempt),
+                             aux=lambda name, host=node.host.name: self.store.aux_log_path(run_id, host, name,
+                                                                                          attempt))
+            f = Follower(node_rank=node.node_rank, host=node.host.name, ranks=[r.rank for r in node.ranks],
+                         files=files, world_size=self.plan.world_size, attempt_key=self.plan.attempt_key,
+                         client=self._client_for(node.node_rank), out=self._q, host_lost_s=self._timeouts.host_lost,
+                         aux=("torchrun",) if node.torchrun else ())
+            followers[node.node_rank] = f
+            f.start()
+        return followers
+
+    def _check_time_limit(self) -> None:
+        limit = self.plan.time_limit_s
+        if limit is not None and self._stop_reason is None and time.monotonic() - self._t0 > limit:
+            self._begin_stop(EndedBy.TIME_LIMIT, self._timeouts.grace)
+            self._emit(Notice(f"time limit of {limit:g} s reached: stopping every host", "warning"))
+
+    def _stop_overdue(self) -> bool:
+        """A stop began, its calls came back, and the time for the ranks' exits to arrive is over."""
+        return self._stop_started is not None and not self._stops_awaited() and \
+            time.monotonic() - self._stop_started > self._timeouts.grace + self._timeouts.host_lost + 5
 
     def _client_for(self, node_rank: int) -> Callable[[bool], HostClient]:
         return lambda reconnect: self._reconnect(node_rank) if reconnect else self._client(node_rank)
@@ -153,14 +165,14 @@ class Monitor:
         self._emit(Notice(f"{ev.host}: host lost: {ev.reason}", "error"))
         now = time.time()
         for rank in sorted(r for r, n in self._node_of.items() if n == ev.node_rank):
-            if rank not in self._exits:
-                self._exits[rank] = {"lost": True, "ended_at": now, "error": f"host lost: {ev.reason}"}
-                self.store.update_rank(self.plan.run_id, rank, state=RankState.LOST, ended_at=now,
-                                       note=f"host lost: {ev.reason}")
+            if rank not in self._ended:
+                self._ended[rank] = RankResult.lost(rank, ev.node_rank, ev.host, f"host lost: {ev.reason}",
+                                                    ended_at=now, log_path=self._log_path(rank))
+                self.store.record_rank(self.plan.run_id, self._ended[rank])
         self.store.update_host(self.plan.run_id, self._index(ev.node_rank), state=HostState.LOST, cleanup=Cleanup.PENDING,
                                error=ev.reason)
         if self._stop_reason is None:
-            self._begin_stop("failed", self._timeouts.grace)
+            self._begin_stop(EndedBy.FAILURE, self._timeouts.grace)
 
     def _on_done(self, ev: FollowDone) -> None:
         self._followed.add(ev.node_rank)
@@ -179,28 +191,25 @@ class Monitor:
                               f"`clusterrun stop {self.plan.run_id}` finishes it later", "error"))
 
     def _on_exit(self, ev: RankExit) -> None:
-        if ev.rank in self._exits:
+        if ev.rank in self._ended:
             return
-        info = dict(ev.info)
-        info["ended_at"] = (info.get("ended_at") or time.time() + ev.clock_offset) - ev.clock_offset
-        if info.get("started_at"):
-            info["started_at"] = info["started_at"] - ev.clock_offset
-        self._exits[ev.rank] = info
-        self.store.record_exit(self.plan.run_id, ev.rank, ev.info, ev.clock_offset)
-        result = self._result(ev.rank)
-        self._emit(RankEnded(self.plan.nodes[ev.node_rank].host.name, ev.rank, result.describe(),
-                             result.state.failed))
+        host = self.plan.nodes[ev.node_rank].host.name
+        result = self._ended[ev.rank] = RankResult.from_exit(ev.rank, ev.node_rank, host, ev.info,
+                                                             clock_offset=ev.clock_offset,
+                                                             log_path=self._log_path(ev.rank))
+        self.store.record_rank(self.plan.run_id, result)
+        self._emit(RankEnded(host, ev.rank, result.describe(), result.state.failed))
         if result.state.failed and self._stop_reason is None:
-            self._begin_stop("failed", self._timeouts.grace)
+            self._begin_stop(EndedBy.FAILURE, self._timeouts.grace)
 
     def _act_on_signals(self) -> None:
         force, self._interrupt = self._interrupt, None
         if force is None:
             return
-        if self._stop_reason != "interrupted":
+        if self._stop_reason is not EndedBy.INTERRUPT:
             self._emit(Notice("interrupted: stopping every host (Ctrl-C again within 1 s kills at once)", "warning"))
         first = self._stop_reason is None
-        self._stop_reason = "interrupted"
+        self._stop_reason = EndedBy.INTERRUPT
         if first:
             self._start_stops(self._timeouts.grace if not force else 0.0)
         if force and not self._forced:
@@ -210,7 +219,7 @@ class Monitor:
 
     # -------------------------------------------------------------- stopping
 
-    def _begin_stop(self, reason: str, grace: float) -> None:
+    def _begin_stop(self, reason: EndedBy, grace: float) -> None:
         if self._stop_reason is None:
             self._stop_reason = reason
             self._start_stops(grace)
@@ -232,27 +241,26 @@ class Monitor:
 
     def _stop_node(self, node_rank: int, grace: float) -> None:
         # a lost host's old connection is dead: go straight to one fresh attempt (bounded by the connect timeout)
+        why = (self._stop_reason or EndedBy.USER_STOP).value  # into the ranks' exit records
         if node_rank not in self._lost:
             try:
-                self._client(node_rank).stop(self.plan.host_key, grace, self._stop_reason or "stopped")
+                self._client(node_rank).stop(self.plan.attempt_key, grace, why)
                 return
             except HostError:
                 pass
-        self._reconnect(node_rank).stop(self.plan.host_key, grace, self._stop_reason or "stopped")
+        self._reconnect(node_rank).stop(self.plan.attempt_key, grace, why)
 
     # -------------------------------------------------------------- result
 
+    def _log_path(self, rank: int) -> str:
+        return self.store.log_path(self.plan.run_id, rank, self.plan.attempt)
+
     def _result(self, rank: int) -> RankResult:
+        if rank in self._ended:
+            return self._ended[rank]
         node_rank = self._node_of[rank]
-        host = self.plan.nodes[node_rank].host.name
-        info = self._exits.get(rank)
-        path = self.store.log_path(self.plan.run_id, rank, self.plan.attempt)
-        if info is None:
-            why = self._lost.get(node_rank, "no exit status arrived")
-            return RankResult(rank, node_rank, host, RankState.LOST, log_path=path, note=why)
-        return RankResult(rank, node_rank, host, exit_state(info), exit_code=info.get("exit_code"),
-                          signal=info.get("signal"), started_at=info.get("started_at"), ended_at=info.get("ended_at"),
-                          log_path=path, note=info.get("error") or "")
+        return RankResult.lost(rank, node_rank, self.plan.nodes[node_rank].host.name,
+                               self._lost.get(node_rank, "no exit status arrived"), log_path=self._log_path(rank))
 
     def _outcome(self, seconds: float) -> RunOutcome:
         results = []
@@ -261,12 +269,10 @@ class Monitor:
             if res.state.failed:
                 res = replace(res, tail=tuple(tail_lines(res.log_path, TAIL_LINES)))
             results.append(res)
-        verdict = decide(results, stop_reason=self._stop_reason, time_limit=self.plan.time_limit_s)
-        assert verdict is not None  # every rank has an end here: an exit, or lost
+        result = decide(self.plan.run_id, results, ended_by=self._stop_reason, time_limit=self.plan.time_limit_s)
+        if result is None:  # cannot be: every rank has an end here (an exit, or lost)
+            raise RuntimeError(f"run {self.plan.run_id}: the monitor ended with ranks still open")
         pending = tuple(h.name for h in self.store.get(self.plan.run_id).hosts if h.cleanup is Cleanup.PENDING) or \
             tuple(self.plan.nodes[n].host.name for n in sorted(self._lost))
-        self.store.update_run(self.plan.run_id, state=verdict.state, exit_code=verdict.exit_code,
-                              reason=verdict.reason, ended_at=time.time())
-        return RunOutcome(self.plan.run_id, verdict.state, verdict.exit_code, verdict.reason,
-                          root_cause=verdict.root_cause, ranks=tuple(results), cleanup_pending=pending,
-                          seconds=seconds)
+        self.store.conclude(result)
+        return replace(result, cleanup_pending=pending, seconds=seconds)

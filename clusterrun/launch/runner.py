@@ -1,4 +1,6 @@
-"""One run, start to end: connect → push → start (rank 0's host first) → follow → stop → result.
+"""One run, start to end: connect → push → start (every host at once) → follow → stop → result, and
+while job.restarts allow after a failure, the next attempt (`_invoke_run`, as torch's elastic agent's:
+the decisions are launch/restarts.py's, the verdicts outcome.py's).
 
 The runner owns no terminal: it posts events to `emit` from its own (main) thread, which the CLI
 renders. Host work fans out to threads; every phase reports all failed hosts at once.
@@ -10,26 +12,27 @@ import queue
 from secrets import token_hex
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import replace
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..config.inventory import Host, Inventory, inventory_snapshot
+from .. import outcome
 from ..errors import ClusterrunError, ConnectError, HostsFailed
 from ..events import HostDone, HostProgress, Notice, Phase
 from ..hosts.client import HeldPush, HostClient
-from ..hosts.group import GroupResult, fan_out
+from ..hosts.group import GroupResult, background, fan_out
 from ..hosts.relay import RelayGroup
 from ..hosts.relay import for_push as relay_for_push
 from ..hosts.manifest import HashCache, Manifest, build_manifest
 from ..outcome import RunOutcome
 from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, setup_request
 from ..registry.store import RunStore, controller_identity
-from ..states import Cleanup, HostState, RankState, RunState
-from .attempts import Attempts
+from ..states import Cleanup, HostState, RunState
+from . import restarts
+from .job_setup import run_setup
 from .monitor import Monitor
 from .preflight import preflight, preflight_error
-from .setup import run_setup
 from .spec import host_spec
 
 Connect = Callable[[Host], HostClient]
@@ -39,7 +42,7 @@ class Interrupted(Exception):
     pass
 
 
-class Runner(Attempts):
+class Runner:
     def __init__(self, inv: Inventory, run_id: str, *, store: RunStore, connect: Connect,
                  secrets: Mapping[str, str], emit: Callable[[object], None], detach: bool = False,
                  hash_cache: Optional[HashCache] = None, checks: Callable = preflight):
@@ -85,13 +88,11 @@ class Runner(Attempts):
         plan = build_plan(self.inv, self.run_id)
         self.store.create(self.run_id, self.inv.path, inventory_snapshot(self.inv), plan_to_dict(plan),
                           controller_identity(), [{"node_rank": n.index, "name": n.host.name} for n in plan.nodes],
-                          [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks],
-                          restarts=self.inv.job.restarts)
+                          _rank_rows(plan), restarts=self.inv.job.restarts)
         self._plan = plan
-        background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
         try:
             # what to push is worked out while the connections are being made
-            manifest = background.submit(build_manifest, self.inv.job, self._hash_cache)
+            manifest = background(build_manifest, self.inv.job, self._hash_cache, thread_name="manifest")
             self._prepare(plan, manifest)
             plan = self._plan = self._preflight(plan)
             if self.inv.job.setup:
@@ -99,28 +100,97 @@ class Runner(Attempts):
             self._phase("start", lambda: self._start_all(plan))
             if self._detach:
                 self.store.update_run(self.run_id, state=RunState.RUNNING, detached=1, controller=None)
-                return RunOutcome(self.run_id, RunState.RUNNING, 0, "detached", seconds=self._elapsed(),
-                                  phases=tuple(self._phases))
+                return self._timed(outcome.detached(self.run_id))
             self.store.update_run(self.run_id, state=RunState.RUNNING)
-            outcome = self._attempts(plan, self._follow(plan))
-            return replace(outcome, phases=tuple(self._phases) + (("run", outcome.seconds),),
-                           seconds=self._elapsed())
+            result = self._invoke_run(plan)
+            return replace(result, phases=tuple(self._phases) + (("run", result.seconds),), seconds=self._elapsed())
         except Interrupted:
             self._undo(self._plan, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
-            return self._finish(RunState.INTERRUPTED, RunState.INTERRUPTED.exit_code,
-                                "interrupted by the user (Ctrl-C)")
+            return self._conclude(outcome.interrupted(self.run_id))
         except ClusterrunError as exc:  # hosts failed, or a bad job file found while connecting
             self._undo(self._plan, grace=0.0)
-            self._finish(RunState.FAILED, exc.exit_code, str(exc))
+            self._conclude(outcome.launch_failed(self.run_id, exc))
             raise
         finally:
-            background.shutdown(wait=False)
             self._closing = True
             self._abandon_held()
             with self._lock:
                 clients = list(self._clients.values())
             for client in clients:
                 client.close()
+
+    # -------------------------------------------------------------- attempts
+
+    def _invoke_run(self, plan: LaunchPlan) -> RunOutcome:
+        """Follow attempts until one ends the run: after a failure, while job.restarts allow, the next one
+        on the hosts still there (launch/restarts.py decides). The run's outcome is the last attempt's,
+        listing every attempt."""
+        summaries: List[outcome.AttemptSummary] = []
+        dropped: Tuple[str, ...] = ()
+        result = self._follow(plan)
+        while True:
+            summaries.append(restarts.summary(plan, result, dropped))
+            nxt, why = restarts.next_attempt(self.inv, plan, result, self._elapsed())
+            if nxt is None:
+                if why:
+                    self._emit(Notice(why, "error"))
+                break
+            self.store.attempts.archive(self.store.get(self.run_id), dropped)
+            self.store.reopen(self.run_id)  # running again: `clean` leaves it be
+            self._emit(Notice(restarts.announcement(nxt, self.inv), "warning"))
+            if not self._wait_delay(self.inv.job.restart_delay_s):
+                result = self._conclude(outcome.interrupted(
+                    self.run_id, f"interrupted by the user (Ctrl-C) before attempt {nxt.attempt + 1} started"))
+                break
+            dropped = nxt.dropped
+            plan, result = self._next_attempt(nxt)
+        return outcome.with_attempts(result, summaries)
+
+    def _follow(self, plan: LaunchPlan) -> RunOutcome:
+        """Watch one attempt to its end (launch/monitor.py), on a queue of its own: what the last attempt's
+        threads still post (a lost host's stop ending late) never reaches the next one."""
+        if plan.attempt:
+            self._q = queue.Queue(maxsize=64)
+        self.monitor = Monitor(plan, self.store, client=lambda node_rank: self._client(plan.nodes[node_rank].index),
+                               reconnect=lambda node_rank: self._reconnect(plan.nodes[node_rank].index),
+                               emit=self._emit, events=self._q, timeouts=self.inv.timeouts, t0=self._t0,
+                               restarts_allowed=self.inv.job.restarts, inventory=self.inv.path)
+        if self._interrupts:
+            self.monitor.interrupt(force=self.force_requested)
+        return self.monitor.run()
+
+    def _next_attempt(self, nxt: restarts.NextAttempt) -> Tuple[LaunchPlan, RunOutcome]:
+        """Start attempt K over the hosts still there (rank 0's host first) and follow it; a host that
+        cannot be started makes this attempt a failure with that host lost."""
+        t = time.monotonic()
+        self._emit(Phase("start", f"attempt {nxt.attempt + 1}"))
+        plan = self._plan = restarts.attempt_plan(self.inv, self.run_id, nxt, lambda i: self._client(i).free_port())
+        self.store.begin_attempt(self.run_id, plan.attempt, plan_to_dict(plan), _rank_rows(plan))
+        for node in plan.nodes:
+            self.store.update_host(self.run_id, node.index, state=HostState.PENDING, error=None)
+        self._emit(Notice(f"MASTER_ADDR={plan.master_addr} MASTER_PORT={plan.master_port} "
+                          f"(world size {plan.world_size})"))
+        with self._lock:
+            self._started = []
+        self._coordinator_port = None  # the new rank 0's host coordinates this attempt's supervisors
+        try:
+            self._start_all(plan)
+        except HostsFailed as exc:
+            self._emit(Notice(str(exc), "error"))
+            self._undo(plan, grace=0.0)
+            return plan, self._conclude(outcome.attempt_not_started(self.run_id, plan.ranks, exc))
+        self._phases.append((f"restart {plan.attempt}", time.monotonic() - t))
+        self.store.update_run(self.run_id, state=RunState.RUNNING)
+        return plan, self._follow(plan)
+
+    def _wait_delay(self, seconds: float) -> bool:
+        """Sleep the restart delay; False as soon as the user interrupts (no restart then)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._interrupts:
+                return False
+            time.sleep(0.05)
+        return not self._interrupts
 
     def _preflight(self, plan: LaunchPlan) -> LaunchPlan:
         """The cheap checks of `clusterrun check`, on what every host reported while receiving the job; then
@@ -154,12 +224,13 @@ class Runner(Attempts):
                   node.node_rank, copy=self.store.aux_log_path(plan.run_id, node.host.name, "setup"),
                   timeouts=self.inv.timeouts, lines=self._q.put, post=self._post)
 
-    def _finish(self, state: RunState, code: int, reason: str) -> RunOutcome:
-        self.store.update_run(self.run_id, state=state, exit_code=code, reason=reason, ended_at=time.time())
-        for r in self.store.get(self.run_id).ranks:
-            if r.state is RankState.PENDING:
-                self.store.update_rank(self.run_id, r.rank, state=RankState.NOT_STARTED)
-        return RunOutcome(self.run_id, state, code, reason, seconds=self._elapsed(), phases=tuple(self._phases))
+    def _conclude(self, result: RunOutcome) -> RunOutcome:
+        """Record an end the launch itself came to (outcome.py's verdict), with the phases so far."""
+        self.store.conclude(result)
+        return self._timed(result)
+
+    def _timed(self, result: RunOutcome) -> RunOutcome:
+        return replace(result, seconds=self._elapsed(), phases=tuple(self._phases))
 
     def _elapsed(self) -> float:
         return time.monotonic() - self._t0
@@ -183,13 +254,13 @@ class Runner(Attempts):
         def prepare(node: NodePlan) -> None:
             try:
                 self._connect_node(node)
-                connected.append(time.monotonic())
-                self._push(node, manifest.result(), plan, relay if relay is not None and
-                           relay.pays(manifest.result()) else None)
             except BaseException:
-                if relay is not None:
+                if relay is not None:  # never arrives: the other hosts stop waiting for it
                     relay.fail(node.node_rank)
                 raise
+            connected.append(time.monotonic())
+            self._push(node, manifest.result(), plan, relay if relay is not None and
+                       relay.pays(manifest.result()) else None)
 
         def watch() -> None:
             if manifest.done() and manifest.exception() is not None:
@@ -210,7 +281,7 @@ class Runner(Attempts):
     # -------------------------------------------------------------- fan-out
 
     def _fan_out(self, phase: str, nodes, fn: Callable[[NodePlan], object], interruptible: bool = True,
-                 watch: Callable[[], None] = lambda: None) -> GroupResult[int]:
+                 watch: Callable[[], None] = lambda: None) -> GroupResult:
         """fn on every node in parallel (hosts.group); drain events meanwhile; raise one error naming every
         host that failed.
 
@@ -222,12 +293,11 @@ class Runner(Attempts):
             if self._interrupts and interruptible:
                 raise Interrupted(phase)
 
-        result = fan_out(nodes, fn, key=lambda n: n.node_rank, name=lambda n: n.host.name, poll=poll,
-                         thread_name=phase)
+        result = fan_out(nodes, fn, name=lambda n: n.host.name, poll=poll, thread_name=phase)
         self._drain()
-        index_of = {n.node_rank: n.index for n in nodes}
-        for node_rank, exc in result.errors.items():
-            self.store.update_host(self.run_id, index_of[node_rank], state=HostState.failed_in(phase), error=str(exc))
+        index_of = {n.host.name: n.index for n in nodes}
+        for name, exc in result.errors.items():
+            self.store.update_host(self.run_id, index_of[name], state=HostState.failed_in(phase), error=str(exc))
         result.raise_for(phase)
         return result
 
@@ -316,7 +386,7 @@ class Runner(Attempts):
                 held = self._held.pop(node.node_rank)
             state = held.start(self._spec(plan, node))
         else:  # a restart: the job is there already, the attempt gets a folder of its own
-            state = self._client(node.index).start(plan.host_key, self._spec(plan, node))
+            state = self._client(node.index).start(plan.attempt_key, self._spec(plan, node))
         if node.node_rank == 0 and plan.attempt:  # the other hosts' supervisors join rank 0's (peers.py)
             self._coordinator_port = (state.get("coordinator") or {}).get("port")
         with self._lock:
@@ -354,7 +424,7 @@ class Runner(Attempts):
             return
 
         def stop(node: NodePlan) -> None:
-            self._client(node.index).stop(plan.host_key, grace)
+            self._client(node.index).stop(plan.attempt_key, grace)
             self.store.update_host(self.run_id, node.index, state=HostState.STOPPED, cleanup=Cleanup.DONE)
 
         self._interrupts.clear()  # a stop must run to its end even after Ctrl-C
@@ -365,3 +435,7 @@ class Runner(Attempts):
                 if node.host.name in exc.failures:
                     self.store.update_host(self.run_id, node.index, cleanup=Cleanup.PENDING)
             self._emit(Notice(str(exc) + "\n`clusterrun stop` finishes them later.", "error"))
+
+
+def _rank_rows(plan: LaunchPlan) -> List[dict]:
+    return [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks]

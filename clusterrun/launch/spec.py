@@ -1,5 +1,5 @@
 """What a host's start gets (pure): its ranks' argv and env, the grace, the time left, and how its
-supervisor joins the others (remote/host/peers.py). Secret values go in here and only here, on their
+supervisor joins the others (remote/host/run/peers.py). Secret values go in here and only here, on their
 way to the host's 0600 spec file."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ..plan import LaunchPlan, NodePlan, rank_env
 
 def host_spec(inv: Inventory, plan: LaunchPlan, node: NodePlan, secrets: Mapping[str, str], *,
               time_left: Optional[float], peer_token: str, coordinator_port: Optional[int]) -> dict:
-    spec = {"run_id": plan.host_key, "node_rank": node.node_rank, "node": node.host.name,
+    spec = {"attempt_key": plan.attempt_key, "run_id": plan.run_id, "node_rank": node.node_rank, "node": node.host.name,
             "grace": inv.timeouts.grace, "fail_fast": True, "time_limit": time_left,
             "secret_names": list(plan.secret_names),
             "peers": peers(inv, plan, node, peer_token, coordinator_port),

@@ -1,5 +1,5 @@
 """`ps`, `logs` and `stop` on recorded runs: reach the hosts again from the run record, any time later,
-also after the controller that started the run is gone."""
+also after the controller that started the run is gone. The verdicts are outcome.py's."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ import os
 import queue
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
+from .. import outcome
 from ..config.inventory import Host, Inventory, inventory_from_snapshot
-from ..errors import HostError
+from ..errors import HostError, UsageError
 from ..events import LogLines, RankSeen, Stuck
 from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles
-from ..hosts.group import GroupResult, fan_out
-from ..outcome import decide
+from ..hosts.group import fan_out, on_hosts
+from ..hosts.logs import LineSplitter, tail_lines
+from ..outcome import RankResult, RunOutcome
 from ..plan import attempt_key
 from ..states import Cleanup, HostState, RankState, RunState
 from .store import RunRecord, RunStore, controller_alive
@@ -43,31 +45,30 @@ def nodes_of(record: RunRecord, plan: Optional[dict] = None) -> Tuple[Inventory,
     return inv, nodes
 
 
-def on_hosts(nodes: Sequence[Node], connect: Connect, fn: Callable[[HostClient], object]) -> GroupResult[int]:
-    """Connect to every node and run fn there, all in parallel; results and errors by node rank."""
-    def one(node: Node) -> object:
-        client = connect(node.host)
-        try:
-            return fn(client)
-        finally:
-            client.close()
-
-    return fan_out(nodes, one, key=lambda n: n.index, name=lambda n: n.host.name)
-
-
-def conclude(store: RunStore, run_id: str, open_state: RunState = RunState.RUNNING) -> RunRecord:
-    """Once every rank has an end, give the run its end (outcome.decide); until then, `open_state`."""
+def conclude(store: RunStore, run_id: str, open_state: RunState = RunState.RUNNING,
+             verdict: Callable[..., Optional[RunOutcome]] = outcome.decide) -> RunRecord:
+    """Once every rank has an end, give the run its end (outcome.py's verdict); until then, `open_state`."""
     record = store.get(run_id)
     if record.terminal:
         return record
-    verdict = decide(record.ranks, stopped_reason=record.reason or "")
-    if verdict is None:
+    result = verdict(run_id, record.ranks, stop_note=record.reason or "")
+    if result is None:
         if open_state is not record.state:
             store.update_run(run_id, state=open_state)
         return store.get(run_id)
-    ended = max((r.ended_at or 0) for r in record.ranks) or time.time()
-    store.update_run(run_id, state=verdict.state, exit_code=verdict.exit_code, reason=verdict.reason, ended_at=ended)
+    store.conclude(result, ended_at=max((r.ended_at or 0) for r in record.ranks) or time.time())
     return store.get(run_id)
+
+
+def _record_exits(store: RunStore, run_id: str, node: Node, exits: Mapping[str, dict], now: object,
+                  only: Optional[set] = None) -> None:
+    """A host's exit records of the node's ranks (a status or stop answer, with the host's clock `now`),
+    kept on this machine's clock."""
+    offset = (now - time.time()) if isinstance(now, (int, float)) else 0.0
+    for rank, info in exits.items():
+        if only is None or int(rank) in only:
+            store.record_rank(run_id, RankResult.from_exit(int(rank), node.node_rank, node.host.name, info,
+                                                           clock_offset=offset))
 
 
 def reconcile(store: RunStore, run_id: str, connect: Connect) -> Tuple[RunRecord, Dict[str, HostError]]:
@@ -77,65 +78,146 @@ def reconcile(store: RunStore, run_id: str, connect: Connect) -> Tuple[RunRecord
         return record, {}
     _, nodes = nodes_of(record)
     key = attempt_key(run_id, record.attempt)
-    by_index = {n.index: n for n in nodes}
-    asked = on_hosts(nodes, connect, lambda client: client.status(key))
-    for index, answer in asked.results.items():
-        offset = answer.get("now", time.time()) - time.time()
-        if not answer.get("started"):  # the controller died before starting this host: it never will
-            for rank in by_index[index].ranks:
-                store.update_rank(run_id, rank, state=RankState.NOT_STARTED)
-            continue
-        for rank, info in answer["ranks"].items():
-            if info.get("exit"):
-                store.record_exit(run_id, int(rank), info["exit"], offset)
-            elif info.get("pid"):
-                store.update_rank(run_id, int(rank), state=RankState.RUNNING)
-        if answer.get("done"):
-            store.update_host(run_id, index, state=HostState.DONE)
+    asked = on_hosts(nodes, connect, lambda node, client: client.status(key), thread_name="status")
+    for node in nodes:
+        if node.host.name in asked.results:
+            _take_status(store, run_id, node, asked.results[node.host.name])
     if not record.terminal:
-        _conclude_reconciled(store, run_id, unreachable=not asked.ok)
+        _mark_waiting_hosts(store, run_id)
+        conclude(store, run_id, open_state=RunState.RUNNING if asked.ok else RunState.UNREACHABLE,
+                 verdict=outcome.reconciled)
     return store.get(run_id), asked.failed
 
 
-def _conclude_reconciled(store: RunStore, run_id: str, unreachable: bool) -> None:
+def _take_status(store: RunStore, run_id: str, node: Node, answer: dict) -> None:
+    if not answer.get("started"):  # the controller died before starting this host: it never will
+        for rank in node.ranks:
+            store.update_rank(run_id, rank, state=RankState.NOT_STARTED)
+        return
+    ranks = answer["ranks"]
+    _record_exits(store, run_id, node, {r: i["exit"] for r, i in ranks.items() if i.get("exit")}, answer.get("now"))
+    for rank, info in ranks.items():
+        if not info.get("exit") and info.get("pid"):
+            store.update_rank(run_id, int(rank), state=RankState.RUNNING)
+    if answer.get("done"):
+        store.update_host(run_id, node.index, state=HostState.DONE)
+
+
+def _mark_waiting_hosts(store: RunStore, run_id: str) -> None:
+    """The controller died while starting: hosts whose ranks run (waiting for peers that never come)
+    still owe a stop."""
     record = store.get(run_id)
-    never = sorted({r.host for r in record.ranks if r.state is RankState.NOT_STARTED})
+    if not any(r.state is RankState.NOT_STARTED for r in record.ranks):
+        return
     running = {r.host for r in record.ranks if not r.state.terminal}
-    if never and running:
-        # the controller died while starting: what did start waits for peers that never come
-        for h in record.hosts:
-            if h.name in running:
-                store.update_host(run_id, h.node_rank, cleanup=Cleanup.PENDING)
-        store.update_run(run_id, state=RunState.FAILED, exit_code=RunState.FAILED.exit_code, ended_at=time.time(),
-                         reason=f"the controller ended before {', '.join(never)} started; "
-                                f"`clusterrun stop {run_id}` ends the ranks that did start")
-    else:
-        conclude(store, run_id, open_state=RunState.UNREACHABLE if unreachable else RunState.RUNNING)
+    for h in record.hosts:
+        if h.name in running:
+            store.update_host(run_id, h.node_rank, cleanup=Cleanup.PENDING)
 
 
 def stop_run(store: RunStore, run_id: str, connect: Connect, grace: float) -> Tuple[RunRecord, Dict[str, HostError]]:
     """Stop every rank by its recorded process group; idempotent; unreachable hosts stay pending."""
     record = store.get(run_id)
     inv, nodes = nodes_of(record)
+    targets = _stop_targets(record, inv, nodes)
+    current = {n.index for n in nodes}
+    # by the run's own id: every attempt there
+    stopped = on_hosts(targets, connect, lambda node, client: client.stop(run_id, grace), thread_name="stop")
+    for node in targets:
+        name = node.host.name
+        if name in stopped.errors:
+            store.update_host(run_id, node.index, cleanup=Cleanup.PENDING, error=str(stopped.errors[name]))
+        elif name in stopped.results:
+            _record_stopped(store, run_id, node, stopped.results[name], current=node.index in current)
+    if stopped.ok:
+        store.update_run(run_id, reason=record.reason or "stopped by `clusterrun stop`")
+    if stopped.ok:  # every host answered: the run has ended
+        return conclude(store, run_id, verdict=outcome.after_stop), stopped.failed
+    return conclude(store, run_id, open_state=RunState.UNKNOWN), stopped.failed
+
+
+def _stop_targets(record: RunRecord, inv: Inventory, nodes: List[Node]) -> List[Node]:
+    """The hosts a stop asks: the current attempt's, less those of an ended run already stopped, and the
+    hosts an earlier attempt left behind (lost, then dropped) that still owe a stop."""
     settled = {h.node_rank for h in record.hosts if h.cleanup in (None, Cleanup.DONE) and h.state is not HostState.LOST}
     targets = [n for n in nodes if not (record.terminal and n.index in settled)]
     current = {n.index for n in nodes}
-    # hosts an earlier attempt left behind (lost, then dropped) that still owe a stop
     targets += [Node(-1, inv.hosts[h.node_rank], (), h.node_rank) for h in record.hosts
                 if h.node_rank not in current and h.cleanup is Cleanup.PENDING]
-    stopped = on_hosts(targets, connect, lambda client: client.stop(run_id, grace))  # every attempt there
-    for index, error in stopped.errors.items():
-        store.update_host(run_id, index, cleanup=Cleanup.PENDING, error=str(error))
-    for index, answer in stopped.results.items():
-        still_open = {r.rank for r in store.get(run_id).ranks if not r.state.terminal}
-        for rank, rec in answer.get("exits", {}).items():
-            if int(rank) in still_open and index in current:
-                store.record_exit(run_id, int(rank), rec, 0.0)
-        store.update_host(run_id, index, cleanup=Cleanup.DONE, state=HostState.STOPPED)
-    if stopped.ok:
-        store.update_run(run_id, reason=record.reason or "stopped by `clusterrun stop`")
-    return conclude(store, run_id, open_state=RunState.STOPPED if stopped.ok else RunState.UNKNOWN), stopped.failed
+    return targets
 
+
+def _record_stopped(store: RunStore, run_id: str, node: Node, answer: dict, *, current: bool) -> None:
+    """A host that answered the stop: the exits it reports for ranks still open (a host of the current
+    attempt), then it is done."""
+    if current:
+        still_open = {r.rank for r in store.get(run_id).ranks if not r.state.terminal}
+        _record_exits(store, run_id, node, answer.get("exits", {}), answer.get("now"), only=still_open)
+    store.update_host(run_id, node.index, cleanup=Cleanup.DONE, state=HostState.STOPPED)
+
+
+# -------------------------------------------------------------- logs
+
+
+@dataclass(frozen=True)
+class LogSelection:
+    """What `logs` shows of a run: one attempt's ranks, where each ran, and whether it can be followed."""
+
+    run_id: str
+    attempt: int  # 0-based
+    attempts: int  # how many the run has had
+    host_of: Mapping[int, str]  # rank -> host, in that attempt
+    ranks: Tuple[int, ...]  # the ranks asked for (all by default)
+    followable: bool  # the run's current attempt (an earlier one has ended)
+
+
+def select_logs(record: RunRecord, attempt_no: Optional[int] = None, ranks: Sequence[int] = ()) -> LogSelection:
+    """attempt_no: 1-based (default the last); ranks: only these (default all); UsageError if unknown."""
+    attempt = record.attempt if attempt_no is None else attempt_no - 1
+    if not 0 <= attempt <= record.attempt:
+        raise UsageError(f"run {record.id} has attempt{'s 1-' if record.attempt else ' '}{record.attempt + 1} only "
+                         f"(--attempt {attempt_no})")
+    past = [a for a in record.attempts if a.attempt == attempt]
+    host_of = {r.rank: r.host for r in (past[0].ranks if past else record.ranks)}
+    wanted = tuple(sorted(set(ranks) if ranks else set(host_of)))
+    unknown = set(wanted) - set(host_of)
+    if unknown:
+        raise UsageError(f"run {record.id} has no rank {', '.join(map(str, sorted(unknown)))} "
+                         f"(it has ranks 0-{len(host_of) - 1})")
+    return LogSelection(record.id, attempt, record.attempt + 1, host_of, wanted, followable=not past)
+
+
+def replay_copies(store: RunStore, record: RunRecord, sel: LogSelection, *, tail: Optional[int] = None,
+                  aux: bool = True) -> Iterator[LogLines]:
+    """The local log copies of the selection, in order: each host's other output first (its setup,
+    torchrun's own messages) when aux, then every rank's; with tail, the last N lines of each."""
+    if aux:
+        for h in record.hosts:
+            if sel.attempt == 0:
+                yield from _replay(store.aux_log_path(sel.run_id, h.name, "setup"), h.name, -1, "setup", tail)
+            yield from _replay(store.aux_log_path(sel.run_id, h.name, "torchrun", sel.attempt), h.name, -1,
+                               "torchrun", tail)
+    for rank in sel.ranks:
+        yield from _replay(store.log_path(sel.run_id, rank, sel.attempt), sel.host_of[rank], rank, "", tail)
+
+
+def _replay(path: str, host: str, rank: int, stream: str, tail: Optional[int]) -> Iterator[LogLines]:
+    if not os.path.exists(path):
+        return
+    if tail is not None:
+        data = "".join(line + "\n" for line in tail_lines(path, tail)).encode()
+        if data:
+            yield LogLines(host, -1, rank, data, stream)
+        return
+    splitter = LineSplitter()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            lines = splitter.feed(chunk)
+            if lines:
+                yield LogLines(host, -1, rank, lines, stream)
+    rest = splitter.flush()
+    if rest:
+        yield LogLines(host, -1, rank, rest, stream)
 
 def fetch_logs(store: RunStore, run_id: str, connect: Connect, *, follow: bool,
                on_lines: Callable[[LogLines], None], on_problem: Callable[[str], None],
@@ -170,16 +252,16 @@ class _LogFetch:
         _, self.nodes = nodes_of(self.record, None if past is None else past.plan)
         self.ranks = self.record.ranks if past is None else past.ranks
         self.events: "queue.Queue" = queue.Queue()
-        self.connected = fan_out(self.nodes, lambda n: connect(n.host), key=lambda n: n.node_rank,
-                                 name=lambda n: n.host.name)
-        self.clients: Dict[int, HostClient] = self.connected.results  # type: ignore[assignment]
+        self.connected = fan_out(self.nodes, lambda n: connect(n.host), name=lambda n: n.host.name,
+                                 thread_name="logs")
+        self.clients: Dict[str, HostClient] = self.connected.results
         self.aux = ("torchrun",) if self.record.plan.get("launcher") == "torchrun" else ()
         self.warned: set = set()
 
     def start(self, once: bool) -> List[Follower]:
         followers = []
         for node in self.nodes:
-            if node.node_rank in self.clients:
+            if node.host.name in self.clients:
                 followers.append(self._follower(node, once))
                 followers[-1].start()
         return followers
@@ -191,9 +273,9 @@ class _LogFetch:
         ranks = [r.rank for r in self.ranks if r.node_rank == node.node_rank]
         offsets: Dict[Hashable, int] = {r: _size(files.rank(r)) for r in ranks}
         offsets.update({("a", i): _size(files.aux(name)) for i, name in enumerate(self.aux)})
-        client = self.clients[node.node_rank]
+        client = self.clients[node.host.name]
         return Follower(node_rank=node.node_rank, host=node.host.name, ranks=ranks, files=files,
-                        world_size=len(self.ranks), run_id=attempt_key(run_id, attempt),
+                        world_size=len(self.ranks), attempt_key=attempt_key(run_id, attempt),
                         client=lambda reconnect, c=client, h=node.host: self.connect(h) if reconnect else c,
                         out=self.events, host_lost_s=self.host_lost_s, offsets=offsets, once=once, aux=self.aux)
 
@@ -205,22 +287,27 @@ class _LogFetch:
                 ev = self.events.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if isinstance(ev, LogLines) and on_lines is not None:
-                on_lines(ev)
-            elif isinstance(ev, RankSeen) and self.current and self.ranks[ev.rank].node_rank != ev.node_rank:
-                self.store.update_rank(self.run_id, ev.rank, node_rank=ev.node_rank,
-                                       host=self.nodes[ev.node_rank].host.name)
-            elif isinstance(ev, Stuck) and (ev.node_rank, ev.rank, ev.remote) not in self.warned:
-                self.warned.add((ev.node_rank, ev.rank, ev.remote))
-                on_problem(ev.describe(self.record.inventory))
-            elif isinstance(ev, (FollowDone, HostLost)):
-                live.discard(ev.node_rank)
-                if isinstance(ev, HostLost):
-                    on_problem(f"{ev.host}: {ev.reason}")
+            self._handle(ev, live, on_lines, on_problem)
         for f in followers:
             f.stop()
         for f in followers:
             f.join(timeout=2.0)
+
+    def _handle(self, ev: object, live: Set[int], on_lines: Optional[Callable[[LogLines], None]],
+                on_problem: Callable[[str], None]) -> None:
+        """One follower event; a host whose follower ended leaves live."""
+        if isinstance(ev, LogLines) and on_lines is not None:
+            on_lines(ev)
+        elif isinstance(ev, RankSeen) and self.current and self.ranks[ev.rank].node_rank != ev.node_rank:
+            self.store.update_rank(self.run_id, ev.rank, node_rank=ev.node_rank,
+                                   host=self.nodes[ev.node_rank].host.name)
+        elif isinstance(ev, Stuck) and (ev.node_rank, ev.rank, ev.remote) not in self.warned:
+            self.warned.add((ev.node_rank, ev.rank, ev.remote))
+            on_problem(ev.describe(self.record.inventory))
+        elif isinstance(ev, (FollowDone, HostLost)):
+            live.discard(ev.node_rank)
+            if isinstance(ev, HostLost):
+                on_problem(f"{ev.host}: {ev.reason}")
 
 
 def _size(path: str) -> int:

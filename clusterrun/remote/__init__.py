@@ -9,6 +9,19 @@ _HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host")
 _MAIN = b"import sys\nfrom clusterrun_host.main import main\nsys.exit(main(sys.argv))\n"
 
 
+def host_sources():
+    """(path relative to host/, bytes) of every module of the host program, subpackages included, sorted."""
+    out = []
+    for folder, dirs, files in os.walk(_HOST):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, "rb") as fh:
+                    out.append((os.path.relpath(path, _HOST).replace(os.sep, "/"), fh.read()))
+    return sorted(out)
+
+
 def _build_zip() -> bytes:
     """The package as one zip with a __main__.py (it travels in one write and is unpacked on the host);
     fixed timestamps keep its bytes, and so its id, the same wherever it is built from the same sources."""
@@ -17,11 +30,7 @@ def _build_zip() -> bytes:
 
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        entries = [("__main__.py", _MAIN)]
-        for name in sorted(os.listdir(_HOST)):
-            if name.endswith(".py"):
-                with open(os.path.join(_HOST, name), "rb") as fh:
-                    entries.append((f"clusterrun_host/{name}", fh.read()))
+        entries = [("__main__.py", _MAIN)] + [(f"clusterrun_host/{rel}", data) for rel, data in host_sources()]
         for arcname, data in entries:
             info = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o600 << 16

@@ -13,10 +13,13 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, replace
+from enum import Enum
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
-from ..errors import ClusterrunError, UsageError
 from ..config.inventory import Inventory
+from ..errors import ClusterrunError, UsageError
+from ..outcome import launch_failed
+from ..states import RunState
 
 STATE_FILE = "sweep.json"
 STATE_VERSION = 1
@@ -105,12 +108,25 @@ class SweepState:
         os.replace(tmp, self.path)
 
 
+class PointStatus(str, Enum):
+    """Where a point of the sweep stands (sweep.json keeps the value)."""
+
+    STARTING = "starting"
+    SUCCEEDED = "succeeded"  # the run succeeded and rank 0's metrics were fetched
+    FAILED = "failed"
+    SKIPPED = "skipped"  # done in an earlier invocation of the same sweep
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class PointEvent:
     point: Point
     index: int
     total: int
-    status: str  # starting | succeeded | failed | skipped | interrupted
+    status: PointStatus
     run_id: str = ""
     detail: str = ""
     seconds: float = 0.0
@@ -122,11 +138,23 @@ RunPoint = Callable[[Point, Inventory], "PointResult"]
 @dataclass(frozen=True)
 class PointResult:
     run_id: str
-    state: str  # the run's final state
+    state: RunState  # the run's final state
     exit_code: int
     reason: str
     seconds: float
     metrics: Optional[dict]
+    metrics_error: str = ""  # why rank 0's metrics could not be had (unreachable host, not JSON, missing)
+
+    def status(self) -> PointStatus:
+        state = RunState(self.state)
+        if state is RunState.SUCCEEDED and self.metrics is not None:
+            return PointStatus.SUCCEEDED
+        return PointStatus.INTERRUPTED if state is RunState.INTERRUPTED else PointStatus.FAILED
+
+    def detail(self) -> str:
+        if RunState(self.state) is not RunState.SUCCEEDED:
+            return self.reason
+        return "" if self.metrics is not None else f"the run succeeded but its metrics: {self.metrics_error}"
 
 
 def run_sweep(inv: Inventory, points: Sequence[Point], job_args: Sequence[str], state: SweepState,
@@ -136,25 +164,24 @@ def run_sweep(inv: Inventory, points: Sequence[Point], job_args: Sequence[str], 
     total = len(points)
     for i, point in enumerate(points, 1):
         if state.done(point):
-            emit(PointEvent(point, i, total, "skipped", state.points[point.key].get("run_id", ""), "done before"))
+            emit(PointEvent(point, i, total, PointStatus.SKIPPED, state.points[point.key].get("run_id", ""),
+                            "done before"))
             continue
         if interrupted():
             return False
-        emit(PointEvent(point, i, total, "starting"))
+        emit(PointEvent(point, i, total, PointStatus.STARTING))
         t = time.monotonic()
         try:
             result = run_point(point, point_inventory(inv, point, job_args))
         except ClusterrunError as exc:  # connect or push failed: this point failed, the sweep goes on
-            result = PointResult("", "failed", exc.exit_code, str(exc).splitlines()[0], time.monotonic() - t, None)
-        status = "succeeded" if result.state == "succeeded" and result.metrics is not None else (
-            "interrupted" if result.state == "interrupted" else "failed")
-        detail = result.reason if status != "succeeded" else ""
-        if result.state == "succeeded" and result.metrics is None:
-            detail = "the run succeeded but left no metrics file"
-        state.record(point, status=status, run_id=result.run_id, seconds=round(result.seconds, 3),
+            failed = launch_failed("", exc)
+            result = PointResult("", failed.state, failed.exit_code, failed.reason.splitlines()[0],
+                                 time.monotonic() - t, None)
+        status, detail = result.status(), result.detail()
+        state.record(point, status=status.value, run_id=result.run_id, seconds=round(result.seconds, 3),
                      exit_code=result.exit_code, reason=detail, metrics=result.metrics)
         emit(PointEvent(point, i, total, status, result.run_id, detail, result.seconds))
-        if status == "interrupted" or (status == "failed" and fail_fast):
+        if status is PointStatus.INTERRUPTED or (status is PointStatus.FAILED and fail_fast):
             return False
     return True
 
@@ -184,7 +211,7 @@ class PointRunner:
     def __call__(self, point: Point, inv: Inventory) -> PointResult:
         from ..hosts.client import make_connect
         from ..launch.runner import Runner
-        from ..registry.store import new_run_id
+        from ..plan import new_run_id
 
         connect = make_connect(inv.timeouts)
         run_id = new_run_id()
@@ -194,13 +221,27 @@ class PointRunner:
             outcome = self.current.run()
         finally:
             self.current = None
-        metrics = None
-        if outcome.state == "succeeded":
+        metrics, error = None, ""
+        if outcome.state is RunState.SUCCEEDED:
+            metrics, error = self._metrics(connect, inv, run_id)
+        return PointResult(run_id, outcome.state, outcome.exit_code, outcome.reason, outcome.seconds, metrics, error)
+
+    def _metrics(self, connect, inv: Inventory, run_id: str):
+        """(rank 0's metrics, "") or (None, why not): the host unreachable, the file missing or not JSON."""
+        try:
             client = connect(inv.hosts[0])
-            try:
-                metrics = json.loads(client.read_file(run_id, self.metrics_path).decode())
-            except (ClusterrunError, ValueError):
-                metrics = None
-            finally:
-                client.close()
-        return PointResult(run_id, outcome.state, outcome.exit_code, outcome.reason, outcome.seconds, metrics)
+        except ClusterrunError as exc:
+            return None, f"{inv.hosts[0].name} could not be reached to fetch {self.metrics_path} ({exc})"
+        try:
+            data = client.read_file(run_id, self.metrics_path)
+        except ClusterrunError as exc:
+            return None, f"{self.metrics_path} could not be read ({exc})"
+        finally:
+            client.close()
+        try:
+            metrics = json.loads(data.decode())
+        except (UnicodeDecodeError, ValueError) as exc:
+            return None, f"{self.metrics_path} is not JSON ({exc})"
+        if not isinstance(metrics, dict):
+            return None, f"{self.metrics_path} is not a JSON object"
+        return metrics, ""

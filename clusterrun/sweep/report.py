@@ -20,33 +20,41 @@ def _median(values: Sequence[float]) -> Optional[float]:
 def rows(entries: Sequence[dict]) -> List[dict]:
     """Rows with speed-up and parallel efficiency against the fewest nodes of the same batch size, init
     method and data size (median over repeats): 1 node when the sweep has it."""
-    out = []
-    for e in entries:
-        p, m = e["point"], e.get("metrics") or {}
-        out.append({
-            "point": f"n{p['nodes']}-b{p['batch_size']}-{p['init_method']}"
-                     + (f"-d{p['data_size']}" if p.get("data_size") is not None else "") + f"-r{p['repeat']}",
-            "status": e["status"], "run_id": e.get("run_id", ""), "nodes": p["nodes"],
-            "ranks": m.get("world_size"), "batch_size": p["batch_size"], "init_method": p["init_method"],
-            "data_size": p.get("data_size") if p.get("data_size") is not None else (m.get("data") or {}).get(
-                "train_samples"),
-            "repeat": p["repeat"], "wall_s": e.get("seconds"), "train_s": m.get("train_wall_s"),
-            "samples_per_s": m.get("samples_per_s"), "speedup": None, "efficiency": None,
-            "final_loss": m.get("final_train_loss"), "test_accuracy": m.get("test_accuracy"),
-            "reason": e.get("reason", "") if e["status"] != "succeeded" else ""})
+    out = [_row(e) for e in entries]
     groups: Dict[Tuple, List[dict]] = {}
     for r in out:
         if r["status"] == "succeeded":
             groups.setdefault((r["batch_size"], r["init_method"], r["data_size"]), []).append(r)
     for group in groups.values():
-        fewest = min(r["nodes"] for r in group)
-        base = _median([r["train_s"] for r in group if r["nodes"] == fewest])
-        base_ranks = _median([r["ranks"] for r in group if r["nodes"] == fewest])
-        for r in group:
-            if base and r["train_s"]:
-                r["speedup"] = base / r["train_s"]
-                r["efficiency"] = r["speedup"] / (r["ranks"] / base_ranks) if r["ranks"] and base_ranks else None
+        _add_speedups(group)
     return out
+
+
+def _row(e: dict) -> dict:
+    """One run's row, speed-up and efficiency still to come."""
+    p, m = e["point"], e.get("metrics") or {}
+    return {
+        "point": f"n{p['nodes']}-b{p['batch_size']}-{p['init_method']}"
+                 + (f"-d{p['data_size']}" if p.get("data_size") is not None else "") + f"-r{p['repeat']}",
+        "status": e["status"], "run_id": e.get("run_id", ""), "nodes": p["nodes"],
+        "ranks": m.get("world_size"), "batch_size": p["batch_size"], "init_method": p["init_method"],
+        "data_size": p.get("data_size") if p.get("data_size") is not None else (m.get("data") or {}).get(
+            "train_samples"),
+        "repeat": p["repeat"], "wall_s": e.get("seconds"), "train_s": m.get("train_wall_s"),
+        "samples_per_s": m.get("samples_per_s"), "speedup": None, "efficiency": None,
+        "final_loss": m.get("final_train_loss"), "test_accuracy": m.get("test_accuracy"),
+        "reason": e.get("reason", "") if e["status"] != "succeeded" else ""}
+
+
+def _add_speedups(group: List[dict]) -> None:
+    """Speed-up and efficiency of each succeeded row of one group against its fewest nodes."""
+    fewest = min(r["nodes"] for r in group)
+    base = _median([r["train_s"] for r in group if r["nodes"] == fewest])
+    base_ranks = _median([r["ranks"] for r in group if r["nodes"] == fewest])
+    for r in group:
+        if base and r["train_s"]:
+            r["speedup"] = base / r["train_s"]
+            r["efficiency"] = r["speedup"] / (r["ranks"] / base_ranks) if r["ranks"] and base_ranks else None
 
 
 def write_tables(folder: str, table: Sequence[dict]) -> List[str]:
@@ -86,7 +94,6 @@ def plot(folder: str, table: Sequence[dict], note: str = "") -> List[str]:
     if not done:
         return []
     paths = []
-    first = done[0]
     biggest = max((r["data_size"] for r in done if r["data_size"] is not None), default=None)
 
     def save(fig, name: str, title: str) -> None:
@@ -98,6 +105,17 @@ def plot(folder: str, table: Sequence[dict], note: str = "") -> List[str]:
         paths.append(path)
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    save(fig, "time_vs_nodes.png", _time_vs_nodes(ax, done, biggest))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    save(fig, "time_vs_batch_size.png", _time_vs_batch_size(ax, done))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    save(fig, "time_per_init_method.png", _time_per_init_method(ax, done, biggest))
+    return paths
+
+
+def _time_vs_nodes(ax, done: List[dict], biggest: Optional[int]) -> str:
+    """A line per batch size; the plot's title."""
+    first = done[0]
     where = {"init_method": first["init_method"], "data_size": biggest}  # the most data: the least noise
     for batch, pts in _series(done, "nodes", "batch_size", where).items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {batch}/rank")
@@ -106,11 +124,13 @@ def plot(folder: str, table: Sequence[dict], note: str = "") -> List[str]:
     ax.set_xticks(sorted({r["nodes"] for r in done}))
     ax.legend()
     ax.grid(alpha=0.3)
-    save(fig, "time_vs_nodes.png", f"training time vs nodes ({first['init_method']}://, {biggest} samples)")
+    return f"training time vs nodes ({first['init_method']}://, {biggest} samples)"
 
+
+def _time_vs_batch_size(ax, done: List[dict]) -> str:
+    """A line per data size, on the most nodes; the plot's title."""
     most = max(r["nodes"] for r in done)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    where = {"nodes": most, "init_method": first["init_method"]}
+    where = {"nodes": most, "init_method": done[0]["init_method"]}
     for size, pts in _series(done, "batch_size", "data_size", where).items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{size} samples")
     ax.set_xscale("log", base=2)
@@ -121,21 +141,26 @@ def plot(folder: str, table: Sequence[dict], note: str = "") -> List[str]:
     ax.set_ylabel("training time (s, median)")
     ax.legend()
     ax.grid(alpha=0.3)
-    save(fig, "time_vs_batch_size.png", f"training time vs batch size ({most} nodes)")
+    return f"training time vs batch size ({most} nodes)"
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+
+def _time_per_init_method(ax, done: List[dict], biggest: Optional[int]) -> str:
+    """A group of bars per init method, a bar per node count; the plot's title."""
+    batch = done[0]["batch_size"]
     methods = sorted({r["init_method"] for r in done})
     nodes = sorted({r["nodes"] for r in done})
     width = 0.8 / max(1, len(nodes))
     for i, n in enumerate(nodes):
-        heights = [_median([r["train_s"] for r in done if r["nodes"] == n and r["init_method"] == m
-                            and r["batch_size"] == first["batch_size"] and r["data_size"] == biggest]) or 0
-                   for m in methods]
+        heights = [_median_time(done, n, m, batch, biggest) or 0 for m in methods]
         ax.bar([j + i * width for j in range(len(methods))], heights, width, label=f"{n} nodes")
     ax.set_xticks([j + width * (len(nodes) - 1) / 2 for j in range(len(methods))])
     ax.set_xticklabels([f"{m}://" for m in methods])
     ax.set_ylabel("training time (s, median)")
     ax.legend()
-    save(fig, "time_per_init_method.png", f"training time per init method (batch {first['batch_size']}/rank, "
-                                          f"{biggest} samples)")
-    return paths
+    return f"training time per init method (batch {batch}/rank, {biggest} samples)"
+
+
+def _median_time(done: List[dict], nodes: int, method: str, batch: int, data_size: Optional[int]) -> Optional[float]:
+    """The median training time of the runs at one point (None: none ran there)."""
+    return _median([r["train_s"] for r in done if r["nodes"] == nodes and r["init_method"] == method
+                    and r["batch_size"] == batch and r["data_size"] == data_size])

@@ -154,6 +154,71 @@ class SshTransport:
             t.close()
 
 
+def _prefer_ciphers(t: paramiko.Transport) -> None:
+    opts = t.get_security_options()
+    opts.ciphers = tuple(c for c in _PREFERRED_CIPHERS if c in opts.ciphers) + \
+        tuple(c for c in opts.ciphers if c not in _PREFERRED_CIPHERS)
+
+
+def _prefer_key_types(t: paramiko.Transport, offered: Sequence[str]) -> None:
+    """Ask for the host key types known_hosts holds for this host (those paramiko can use): the key the host
+    shows is then one the record can check."""
+    if offered:
+        usable = tuple(k for k in offered if k in t._preferred_keys)
+        if usable:
+            t.get_security_options().key_types = usable
+
+
+def _start_client(t: paramiko.Transport, target: SshTarget, label: str, offered: Sequence[str],
+                  timeout: float) -> None:
+    """The key exchange; the transport is closed where it fails."""
+    try:
+        t.start_client(timeout=timeout)
+    except (paramiko.SSHException, EOFError, OSError) as exc:
+        t.close()
+        text = str(exc) or type(exc).__name__
+        if "host key" in text.lower() and offered:
+            raise HostKeyChanged(label, f"{target.hostname} no longer offers a host key of the type on record "
+                                        f"({', '.join(offered)}): {text}", fingerprint="?",
+                                 hint=f"check the host, then update {target.known_hosts}") from None
+        raise ConnectError(label, f"SSH handshake with {target.hostname}:{target.port} failed: {text}") from None
+    if not t.is_active() or t.host_key is None:
+        # start_client returns at its timeout without raising (a paused host answers TCP, then nothing)
+        t.close()
+        raise ConnectError(label, f"no SSH handshake from {target.hostname}:{target.port} within "
+                                  f"{timeout:g} s (host hung?)")
+
+
+def _identity_keys(target: SshTarget, label: str) -> Tuple[List[Tuple[str, paramiko.PKey]], List[str]]:
+    """The identity files' keys (by path; OpenSSH's default keys when none is configured), and the files
+    passed over (encrypted ones: the agent may hold them)."""
+    tried: List[str] = []
+    paths = target.identity_files or tuple(p for p in (os.path.expanduser(d) for d in _DEFAULT_KEYS)
+                                            if os.path.exists(p))
+    keys: List[Tuple[str, paramiko.PKey]] = []
+    for path in paths:
+        if not os.path.exists(path) and target.sources.get("identity") != "inventory":
+            continue  # as OpenSSH: a configured key that is not there is passed over
+        try:
+            key = _load_key(path)
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            if target.identity_explicit:
+                raise AuthError(label, f"cannot read identity file {path}: {exc}") from None
+            continue
+        if key is not None:
+            keys.append((path, key))
+        else:
+            tried.append(f"{path} (encrypted: add it to ssh-agent)")
+    return keys, tried
+
+
+def _agent_keys(target: SshTarget, keys: List[Tuple[str, paramiko.PKey]]) -> List[Tuple[str, paramiko.PKey]]:
+    try:  # IdentitiesOnly: only the identity files (OpenSSH's meaning)
+        return [] if target.identities_only and keys else [("ssh-agent", k) for k in paramiko.Agent().get_keys()]
+    except paramiko.SSHException:
+        return []
+
+
 class Connector:
     """Opens SSH connections for the hosts of one run; shares known_hosts files between them."""
 
@@ -210,30 +275,11 @@ class Connector:
         t = paramiko.Transport(sock)
         t.banner_timeout = t.handshake_timeout = t.auth_timeout = timeout
         t.clear_to_send_timeout = timeout
-        opts = t.get_security_options()
-        opts.ciphers = tuple(c for c in _PREFERRED_CIPHERS if c in opts.ciphers) + \
-            tuple(c for c in opts.ciphers if c not in _PREFERRED_CIPHERS)
+        _prefer_ciphers(t)
         known = self.known_hosts(target.known_hosts)
         offered = known.negotiable_types(target.hostname, target.port)
-        if offered:
-            usable = tuple(k for k in offered if k in t._preferred_keys)
-            if usable:
-                opts.key_types = usable
-        try:
-            t.start_client(timeout=timeout)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            t.close()
-            text = str(exc) or type(exc).__name__
-            if "host key" in text.lower() and offered:
-                raise HostKeyChanged(label, f"{target.hostname} no longer offers a host key of the type on record "
-                                            f"({', '.join(offered)}): {text}", fingerprint="?",
-                                     hint=f"check the host, then update {target.known_hosts}") from None
-            raise ConnectError(label, f"SSH handshake with {target.hostname}:{target.port} failed: {text}") from None
-        if not t.is_active() or t.host_key is None:
-            # start_client returns at its timeout without raising (a paused host answers TCP, then nothing)
-            t.close()
-            raise ConnectError(label, f"no SSH handshake from {target.hostname}:{target.port} within "
-                                      f"{timeout:g} s (host hung?)")
+        _prefer_key_types(t, offered)
+        _start_client(t, target, label, offered, timeout)
         try:
             known.verify(label, target.hostname, target.port, t.get_remote_server_key(), target.host_key_policy)
             self._authenticate(t, target, label)
@@ -244,29 +290,8 @@ class Connector:
         return t
 
     def _authenticate(self, t: paramiko.Transport, target: SshTarget, label: str) -> None:
-        tried: List[str] = []
-        paths = target.identity_files or tuple(p for p in (os.path.expanduser(d) for d in _DEFAULT_KEYS)
-                                                if os.path.exists(p))
-        keys: List[Tuple[str, paramiko.PKey]] = []
-        for path in paths:
-            if not os.path.exists(path) and target.sources.get("identity") != "inventory":
-                continue  # as OpenSSH: a configured key that is not there is passed over
-            try:
-                key = _load_key(path)
-            except (OSError, paramiko.SSHException, ValueError) as exc:
-                if target.identity_explicit:
-                    raise AuthError(label, f"cannot read identity file {path}: {exc}") from None
-                continue
-            if key is not None:
-                keys.append((path, key))
-            else:
-                tried.append(f"{path} (encrypted: add it to ssh-agent)")
-        try:  # IdentitiesOnly: only the identity files (OpenSSH's meaning)
-            agent_keys = [] if target.identities_only and keys else \
-                [("ssh-agent", k) for k in paramiko.Agent().get_keys()]
-        except paramiko.SSHException:
-            agent_keys = []
-        for source, key in keys + agent_keys:
+        keys, tried = _identity_keys(target, label)
+        for source, key in keys + _agent_keys(target, keys):
             try:
                 t.auth_publickey(target.user, key)
             except paramiko.BadAuthenticationType as exc:

@@ -45,10 +45,23 @@ def render_checks(report: Report, console: Console) -> None:
     full = table(report)
     natural = full.__rich_measure__(console, console.options.update_width(1 << 16)).maximum
     console.print(full if natural <= console.width else table(report, compact=True))
+    _routes(report, console)
+    _findings(report, console)
+    for note in report.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    _verdict(report, console)
+
+
+def _routes(report: Report, console: Console) -> None:
+    """How each host was reached over SSH, where that is more than a direct connection."""
     for h in report.hosts:
         route = (h.get("ssh").data or {}).get("route") if h.get("ssh") else ""
         if route:
             console.print(Text.assemble((h.host, "bold"), " ssh ", (route, "dim")))
+
+
+def _findings(report: Report, console: Console) -> None:
+    """The full detail and the hint of every cell that is not plainly ok."""
     for h in report.hosts:
         for r in h.results:
             if r.status in (WARN, FAIL) or (r.status == OK and r.hint):
@@ -56,8 +69,9 @@ def render_checks(report: Report, console: Console) -> None:
                                             (r.status.upper(), STYLE[r.status]), ": ", r.detail))
                 if r.hint:
                     console.print(Text(f"    hint: {r.hint}", style="dim"))
-    for note in report.notes:
-        console.print(Text(f"note: {note}", style="yellow"))
+
+
+def _verdict(report: Report, console: Console) -> None:
     failed = [h.host for h in report.hosts if not h.ok]
     if failed:
         console.print(Text(f"{len(failed)} of {len(report.hosts)} hosts failed: {', '.join(failed)}",

@@ -37,28 +37,35 @@ class RunView:
         elif isinstance(ev, Phase):
             self._on_phase(ev)
         elif isinstance(ev, HostProgress):
-            if self._progress is not None:
-                key = (ev.phase, ev.host)
-                if key not in self._tasks:
-                    self._tasks[key] = self._progress.add_task(f"{ev.phase} {ev.host}", total=ev.total or None)
-                self._progress.update(self._tasks[key], completed=ev.done, total=ev.total or None)
+            self._on_host_progress(ev)
         elif isinstance(ev, HostDone):
-            self._done[ev.phase] = self._done.get(ev.phase, 0) + 1
-            if self._progress is not None:
-                key = (ev.phase, ev.host)
-                if key in self._tasks:
-                    self._progress.update(self._tasks[key], completed=self._progress.tasks[self._tasks[key]].total or 1)
-                else:
-                    self._progress.console.print(Text(f"  {ev.host}: {ev.phase} done in {ev.seconds:.2f} s"
-                                                      + (f" ({ev.detail})" if ev.detail else ""), style="dim"))
-            elif not self.quiet and ev.phase == "push":
-                self.err.print(Text(f"  {ev.host}: pushed in {ev.seconds:.2f} s ({ev.detail})", style="dim"))
+            self._on_host_done(ev)
         elif isinstance(ev, RankEnded):
             style = "bold red" if ev.failed else "dim"
             self.err.print(Text(f"[{ev.host} r{ev.rank}] ended: {ev.description}", style=style))
         elif isinstance(ev, Notice):
             style = {"error": "bold red", "warning": "yellow"}.get(ev.level, "")
             self.err.print(Text(ev.text, style=style))
+
+    def _on_host_progress(self, ev: HostProgress) -> None:
+        if self._progress is not None:
+            key = (ev.phase, ev.host)
+            if key not in self._tasks:
+                self._tasks[key] = self._progress.add_task(f"{ev.phase} {ev.host}", total=ev.total or None)
+            self._progress.update(self._tasks[key], completed=ev.done, total=ev.total or None)
+
+    def _on_host_done(self, ev: HostDone) -> None:
+        """A bar fills up; a host without a bar gets a line (without a live view: only pushes do)."""
+        self._done[ev.phase] = self._done.get(ev.phase, 0) + 1
+        if self._progress is not None:
+            key = (ev.phase, ev.host)
+            if key in self._tasks:
+                self._progress.update(self._tasks[key], completed=self._progress.tasks[self._tasks[key]].total or 1)
+            else:
+                self._progress.console.print(Text(f"  {ev.host}: {ev.phase} done in {ev.seconds:.2f} s"
+                                                  + (f" ({ev.detail})" if ev.detail else ""), style="dim"))
+        elif not self.quiet and ev.phase == "push":
+            self.err.print(Text(f"  {ev.host}: pushed in {ev.seconds:.2f} s ({ev.detail})", style="dim"))
 
     def _on_phase(self, ev: Phase) -> None:
         if self._phase and self._phase != "run" and not self.quiet:  # host phases: how many hosts, how long
@@ -104,42 +111,61 @@ class RunView:
 
     def outcome(self, outcome: RunOutcome) -> None:
         self.close()
-        err = self.err
         if outcome.state is RunState.RUNNING:
             return
-        from rich.table import Table
-
         if outcome.root_cause is not None:
-            rc = outcome.root_cause
-            of = f" of attempt {len(outcome.attempts)}" if outcome.attempts else ""
-            table = Table(title=f"Root cause{of} (first observed failure)", title_justify="left", show_lines=False)
-            for col in ("rank", "host", "result", "time", "log"):
-                table.add_column(col)
-            when = time.strftime("%H:%M:%S", time.localtime(rc.ended_at)) if rc.ended_at else "-"
-            table.add_row(str(rc.rank), rc.host, rc.describe(), when, rc.log_path)
-            err.print(table)
-            if rc.note and rc.note not in rc.describe():
-                err.print(Text(f"error: {mask_text(rc.note, self.logs.secrets)}", style="bold"))
-            if rc.tail:
-                err.print(Text(f"last lines of rank {rc.rank}:", style="bold"))
-                for line in rc.tail:
-                    err.print(Text("  " + mask_text(line, self.logs.secrets)))
-            hint = hint_for(rc)
-            if hint:
-                err.print(Text(f"hint: {hint}", style="yellow"))
-            others = [r for r in outcome.ranks if RankState(r.state).failed and r.rank != rc.rank]
-            if others:
-                err.print(Text("other failed ranks: " + ", ".join(f"r{r.rank} on {r.host} ({r.describe()})"
-                                                                  for r in others), style="dim"))
+            self._root_cause(outcome)
+            self._other_failed_ranks(outcome)
         if outcome.attempts:
             self._attempts(outcome)
+        self._summary(outcome)
+        self._closing_lines(outcome)
+
+    def _root_cause(self, outcome: RunOutcome) -> None:
+        """The first observed failure: its rank, its error, its log's last lines, and a hint."""
+        from rich.table import Table
+
+        err = self.err
+        rc = outcome.root_cause
+        of = f" of attempt {len(outcome.attempts)}" if outcome.attempts else ""
+        table = Table(title=f"Root cause{of} (first observed failure)", title_justify="left", show_lines=False)
+        for col in ("rank", "host", "result", "time", "log"):
+            table.add_column(col)
+        when = time.strftime("%H:%M:%S", time.localtime(rc.ended_at)) if rc.ended_at else "-"
+        table.add_row(str(rc.rank), rc.host, rc.describe(), when, rc.log_path)
+        err.print(table)
+        if rc.note and rc.note not in rc.describe():
+            err.print(Text(f"error: {mask_text(rc.note, self.logs.secrets)}", style="bold"))
+        if rc.tail:
+            err.print(Text(f"last lines of rank {rc.rank}:", style="bold"))
+            for line in rc.tail:
+                err.print(Text("  " + mask_text(line, self.logs.secrets)))
+        hint = hint_for(rc)
+        if hint:
+            err.print(Text(f"hint: {hint}", style="yellow"))
+
+    def _other_failed_ranks(self, outcome: RunOutcome) -> None:
+        rc = outcome.root_cause
+        others = [r for r in outcome.ranks if RankState(r.state).failed and r.rank != rc.rank]
+        if others:
+            self.err.print(Text("other failed ranks: " + ", ".join(f"r{r.rank} on {r.host} ({r.describe()})"
+                                                                   for r in others), style="dim"))
+
+    def _summary(self, outcome: RunOutcome) -> None:
+        """Every rank's result and duration."""
+        from rich.table import Table
+
         summary = Table(title=f"run {outcome.run_id}: {outcome.state.value}", title_justify="left")
         for col in ("rank", "host", "result", "duration"):
             summary.add_column(col)
         for r in outcome.ranks:
             summary.add_row(str(r.rank), r.host, r.describe() if r.state is not RankState.SUCCEEDED else "ok",
                             f"{r.duration:.1f} s" if r.duration is not None else "-")
-        err.print(summary)
+        self.err.print(summary)
+
+    def _closing_lines(self, outcome: RunOutcome) -> None:
+        """Why the run ended, the hosts it could not be stopped on, the exit code and where the logs are."""
+        err = self.err
         if outcome.reason:
             err.print(Text(outcome.reason, style="bold red" if outcome.exit_code else ""))
         if outcome.cleanup_pending:

@@ -14,6 +14,7 @@ from ..errors import HostError
 from ..registry.store import RunRecord
 
 if TYPE_CHECKING:  # `ps` renders runs without loading the planner (and with it the inventory and YAML)
+    from ..clean.apply import HostClean
     from ..plan import LaunchPlan
 
 
@@ -54,35 +55,46 @@ def show_runs(records: Sequence[Tuple[RunRecord, Dict[str, HostError]]], out: Co
               disk: Optional[Dict[str, dict]] = None) -> None:
     """`ps`: one row per run, newest first; the note says what is pending or could not be asked; with
     disk (`ps --disk`), the bytes each run keeps on its hosts."""
-    from ..config.sizes import size_text
-
     table = Table(title_justify="left")
     for col in ("run", "state", "hosts", "ranks", "started", "duration", "exit") + (("disk",) if disk else ()) + \
             ("note",):
         table.add_column(col)
     for record, problems in records:  # hosts and ranks: the current attempt's (a restart may drop hosts)
         ended = record.ended_at or time.time()
-        note = record.reason or ""
-        if record.cleanup_pending:
-            note = (note + "; " if note else "") + f"stop pending on {', '.join(record.cleanup_pending)}"
-        restarted = [f"{h.name} {h.restarts}" for h in record.hosts if h.restarts]
-        if restarted:
-            note = (note + "; " if note else "") + "torchrun restarts: " + ", ".join(restarted)
-        if problems:
-            note = (note + "; " if note else "") + "unreachable: " + ", ".join(problems)
-        state = record.state.value
-        if record.restarts:  # job.restarts: which attempt, of how many the run may make
-            state += f" ({record.attempt + 1}/{record.restarts + 1})"
-        cells = []
-        if disk:
-            d = disk.get(record.id) or {}
-            cells = ["removed" if not d.get("hosts") and d.get("removed_from") else size_text(d.get("bytes", 0))]
-        table.add_row(record.id, state, str(len(record.plan.get("nodes", record.hosts))),
+        cells = [_disk_cell(disk.get(record.id) or {})] if disk else []
+        table.add_row(record.id, _run_state(record), str(len(record.plan.get("nodes", record.hosts))),
                       str(len(record.ranks)),
                       time.strftime("%m-%d %H:%M:%S", time.localtime(record.created_at)),
                       f"{ended - record.created_at:.0f} s", "" if record.exit_code is None else str(record.exit_code),
-                      *cells, Text(note[:120]))
+                      *cells, Text(_run_note(record, problems)[:120]))
     out.print(table)
+
+
+def _run_state(record: RunRecord) -> str:
+    state = record.state.value
+    if record.restarts:  # job.restarts: which attempt, of how many the run may make
+        state += f" ({record.attempt + 1}/{record.restarts + 1})"
+    return state
+
+
+def _run_note(record: RunRecord, problems: Dict[str, HostError]) -> str:
+    """Why the run ended, then what is pending, which hosts torchrun restarted, which could not be asked."""
+    parts = [record.reason] if record.reason else []
+    if record.cleanup_pending:
+        parts.append(f"stop pending on {', '.join(record.cleanup_pending)}")
+    restarted = [f"{h.name} {h.restarts}" for h in record.hosts if h.restarts]
+    if restarted:
+        parts.append("torchrun restarts: " + ", ".join(restarted))
+    if problems:
+        parts.append("unreachable: " + ", ".join(problems))
+    return "; ".join(parts)
+
+
+def _disk_cell(d: dict) -> str:
+    """What a run keeps on its hosts (`ps --disk`); "removed" once clean took it off all of them."""
+    from ..config.sizes import size_text
+
+    return "removed" if not d.get("hosts") and d.get("removed_from") else size_text(d.get("bytes", 0))
 
 
 def show_sweep(table: Sequence[dict], out: Console) -> None:
@@ -170,16 +182,8 @@ def show_clean(results, rules: str, dry_run: bool, out: Console) -> None:
         if h.error is not None:
             table.add_row(h.host, Text(str(h.error), style="red"), "", "", "", "")
             continue
-        kept = [d for d in h.decisions if not d.remove]
-        reasons: Dict[str, int] = {}
-        for d in kept:
-            reasons[d.why.split(":")[0]] = reasons.get(d.why.split(":")[0], 0) + 1
-        cache = h.cache or {}
-        cache_text = "busy (a push held it)" if cache.get("busy") else \
-            (f"{cache.get('removed', 0)} objects, {size_text(cache.get('bytes', 0))}" if h.cache else "-")
         free = h.usage.get("free")
-        table.add_row(h.host, str(len(h.removed)), size_text(h.freed), cache_text,
-                      "; ".join(f"{n} {why}" for why, n in sorted(reasons.items())) or "0",
+        table.add_row(h.host, str(len(h.removed)), size_text(h.freed), _cache_text(h), _kept_text(h),
                       "-" if free is None else f"{size_text(free)} of {size_text(h.usage.get('total', 0))}")
     out.print(table)
     for h in results:
@@ -187,6 +191,24 @@ def show_clean(results, rules: str, dry_run: bool, out: Console) -> None:
             out.print(Text(f"{h.host}: {r['id']}: refused: {r['why']}", style="bold red"))
     if dry_run:
         out.print(Text("dry run: nothing was removed", style="dim"))
+
+
+def _cache_text(h: HostClean) -> str:
+    """What collecting the content cache gave back ("-": it was not collected)."""
+    from ..config.sizes import size_text
+
+    cache = h.cache or {}
+    return "busy (a push held it)" if cache.get("busy") else \
+        (f"{cache.get('removed', 0)} objects, {size_text(cache.get('bytes', 0))}" if h.cache else "-")
+
+
+def _kept_text(h: HostClean) -> str:
+    """How many runs stayed, by the first word of why ("3 running; 2 not named")."""
+    reasons: Dict[str, int] = {}
+    for d in h.decisions:
+        if not d.remove:
+            reasons[d.why.split(":")[0]] = reasons.get(d.why.split(":")[0], 0) + 1
+    return "; ".join(f"{n} {why}" for why, n in sorted(reasons.items())) or "0"
 
 
 def show_local_clean(done: Sequence[Tuple[str, bool, str]], dry_run: bool, out: Console) -> None:

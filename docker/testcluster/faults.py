@@ -74,13 +74,7 @@ class Faults:
         """
         states = self._states()
         if deep:
-            running = [h for h in self.hosts if states.get(h.container, {}).get("Status") == "running"]
-            show = ["ip", "-o", "route", "show", "type", "blackhole"]
-            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(running)))) as pool:
-                found = list(pool.map(lambda h: self.exec(h, show, user="root"), running))
-            for h, (rc, out, _) in zip(running, found):
-                for line in out.splitlines() if rc == 0 else []:
-                    self._blocked.setdefault(h.name, set()).add(line.split()[1])
+            self._find_blackholes(states)
         touched: list[HostInfo] = []
         for h in self.hosts:
             st = states.get(h.container)
@@ -88,23 +82,37 @@ class Faults:
                 if not wait:
                     continue
                 raise ClusterError(f"{h.name}: container {h.container} is gone; run `up` again")
-            fixed = False
-            if st["Status"] == "paused":
-                docker("unpause", h.container)
-                fixed = True
-            elif st["Status"] != "running":
-                docker("start", h.container)
-                fixed = True
-            if self.network not in st["Networks"]:
-                self.heal(h, wait=False)
-                fixed = True
-            elif st["Status"] == "running" and st["Networks"][self.network] != h.address:
-                raise ClusterError(f"{h.name}: at {st['Networks'][self.network]}, expected {h.address}")
-            if self._blocked.get(h.name):
-                self.unblock(h)
-                fixed = True
-            if fixed:
+            if self._repair(h, st):
                 touched.append(h)
         if touched and wait:
             self.wait_ready(touched, timeout=timeout)
         return [h.name for h in touched]
+
+    def _find_blackholes(self, states: dict[str, dict]) -> None:
+        """Note the blackhole routes of every running host (block() by another process too)."""
+        running = [h for h in self.hosts if states.get(h.container, {}).get("Status") == "running"]
+        show = ["ip", "-o", "route", "show", "type", "blackhole"]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(running)))) as pool:
+            found = list(pool.map(lambda h: self.exec(h, show, user="root"), running))
+        for h, (rc, out, _) in zip(running, found):
+            for line in out.splitlines() if rc == 0 else []:
+                self._blocked.setdefault(h.name, set()).add(line.split()[1])
+
+    def _repair(self, h: HostInfo, st: dict) -> bool:
+        """Undo the faults docker's view (st) and the blocked routes show on one host; True if there were any."""
+        fixed = False
+        if st["Status"] == "paused":
+            docker("unpause", h.container)
+            fixed = True
+        elif st["Status"] != "running":
+            docker("start", h.container)
+            fixed = True
+        if self.network not in st["Networks"]:
+            self.heal(h, wait=False)
+            fixed = True
+        elif st["Status"] == "running" and st["Networks"][self.network] != h.address:
+            raise ClusterError(f"{h.name}: at {st['Networks'][self.network]}, expected {h.address}")
+        if self._blocked.get(h.name):
+            self.unblock(h)
+            fixed = True
+        return fixed

@@ -9,7 +9,6 @@ import threading
 import pytest
 
 from faultkit import FAST, wait_for
-from test_fault_data import small_disk  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration
 

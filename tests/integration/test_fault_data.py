@@ -32,14 +32,6 @@ def small_disk_listing(cluster, host="node2"):
     return out.split()
 
 
-@pytest.fixture
-def small_disk(cluster):
-    """node2's workdir on a 4 MB, 200-inode tmpfs; emptied again afterwards."""
-    cluster.exec("node2", ["sh", "-c", "rm -rf /small/* /small/.[!.]*"])
-    yield lambda hosts: hosts[2].update(workdir="/small/clusterrun")
-    cluster.exec("node2", ["sh", "-c", "rm -rf /small/* /small/.[!.]*"])
-
-
 def test_a_push_bigger_than_the_free_space_is_refused_before_sending(cr, cluster, tmp_path, small_disk):
     root = project(tmp_path, {"big.bin": os.urandom(6 << 20)})
     inv = cr.inventory(job={"root": str(root), "args": ["--steps", "1"], "sync": ["data/"]}, top={"timeouts": FAST},

@@ -1,4 +1,4 @@
-"""Relay push over real SSH (hosts/relay.py, remote/host/relay.py): the controller sends each object once,
+"""Relay push over real SSH (hosts/relay.py, remote/host/push/relay.py): the controller sends each object once,
 to the chain's first host, the hosts pass it on over direct TCP; every failure on that path ends in a
 direct push or a clean failure that names the host."""
 
@@ -144,8 +144,9 @@ def test_auto_relays_only_when_it_pays(cr, cluster, tmp_path):
     assert all(h["relayed_bytes"] == 0 and h["pushed_bytes"] > 1 << 20 for h in run["hosts"])
 
 
-RELAY_MODULE = Path(__file__).resolve().parents[2] / "clusterrun" / "remote" / "host" / "relay.py"
-LISTEN = ("import sys; sys.path.insert(0, '/tmp'); import crrelay; s = crrelay.listener(); "
+RELAY_MODULE = Path(__file__).resolve().parents[2] / "clusterrun" / "remote" / "host" / "push" / "relay.py"
+LISTEN = ("import socket, sys; sys.path.insert(0, '/tmp'); import crrelay; s = socket.socket(); s.bind(('', 0)); "
+          "s.listen(4); "
           "print(s.getsockname()[1], flush=True); c = crrelay.accept_upstream(s, 'the-token', 'run-1', 1, 20); "
           "print('accepted', c.recv(5).decode(), flush=True)")
 KNOCK = ("import sys; sys.path.insert(0, '/tmp'); import crrelay\n"

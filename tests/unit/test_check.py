@@ -11,9 +11,9 @@ import textwrap
 import pytest
 from rich.console import Console
 
-from clusterrun.check.run import ListenerSeen, Observed, evaluate, run_checks
+from clusterrun.check.doctor import ListenerSeen, Observed, evaluate, run_checks
 from clusterrun.check.net import connect_result, iface_result, shared_result
-from clusterrun.check.probe import Listener, ProbeAnswer, run_probe
+from clusterrun.hosts.probe import Listener, ProbeAnswer, run_probe
 from clusterrun.ui.checks import render_checks
 from clusterrun.check.rules import (CHECKS, CheckResult, HostReport, Report, clock_result, clock_skew, cuda_result,
                                     disagreement, disk_result, group_versions, port_text, probe_failed,

@@ -6,9 +6,9 @@ import os
 import sys
 import time
 
-from clusterrun.clean.policy import Rules, decide
+from clusterrun.clean.policy import Rules, select_removals
 from clusterrun.registry.store import RunStore
-from test_host_side import agent, project, spec  # noqa: F401  (agent is a fixture)
+from hostkit import project, spec
 
 NOW = 1_800_000_000.0
 
@@ -25,13 +25,13 @@ def test_keep_older_than_and_both():
     listing = [entry(f"2026120{i}-000000-aaaa", ended=NOW - (6 - i) * 86400) for i in range(1, 6)]  # oldest first
     ours = {e["id"]: None for e in listing}
     ids = [e["id"] for e in listing]
-    assert removed(decide(listing, Rules(keep=2), ours, NOW)) == ids[:3]
-    assert removed(decide(listing, Rules(older_than_s=3.5 * 86400), ours, NOW)) == ids[:2]  # ended 5 and 4 days ago
+    assert removed(select_removals(listing, Rules(keep=2), ours, NOW)) == ids[:3]
+    assert removed(select_removals(listing, Rules(older_than_s=3.5 * 86400), ours, NOW)) == ids[:2]  # ended 5 and 4 days ago
     # both: a run goes when either rule says so (keep_runs and max_age of retention)
-    assert removed(decide(listing, Rules(keep=4, older_than_s=3.5 * 86400), ours, NOW)) == ids[:2]
-    assert removed(decide(listing, Rules(keep=2, older_than_s=4.5 * 86400), ours, NOW)) == ids[:3]
-    assert removed(decide(listing, Rules(), ours, NOW)) == [e["id"] for e in listing]  # every finished run
-    assert removed(decide(listing, Rules(runs=(listing[2]["id"],)), ours, NOW)) == [listing[2]["id"]]
+    assert removed(select_removals(listing, Rules(keep=4, older_than_s=3.5 * 86400), ours, NOW)) == ids[:2]
+    assert removed(select_removals(listing, Rules(keep=2, older_than_s=4.5 * 86400), ours, NOW)) == ids[:3]
+    assert removed(select_removals(listing, Rules(), ours, NOW)) == [e["id"] for e in listing]  # every finished run
+    assert removed(select_removals(listing, Rules(runs=(listing[2]["id"],)), ours, NOW)) == [listing[2]["id"]]
 
 
 def test_never_what_runs_may_run_or_is_someone_elses():
@@ -39,11 +39,11 @@ def test_never_what_runs_may_run_or_is_someone_elses():
                entry("20261201-000000-0003"), entry("20261201-000000-0004", status="unstarted"),
                entry("20261201-000000-0005")]
     ours = {e["id"]: None for e in listing if e["id"] != "20261201-000000-0005"}
-    decisions = {d.run_id: d for d in decide(listing, Rules(keep=0), ours, NOW)}
+    decisions = {d.run_id: d for d in select_removals(listing, Rules(keep=0), ours, NOW)}
     assert removed(decisions.values()) == ["20261201-000000-0003", "20261201-000000-0004"]
     assert decisions["20261201-000000-0001"].why.startswith("running")
     assert decisions["20261201-000000-0005"].why.startswith("not this registry's run")
-    with_foreign = decide(listing, Rules(keep=0, foreign=True), ours, NOW)
+    with_foreign = select_removals(listing, Rules(keep=0, foreign=True), ours, NOW)
     assert "20261201-000000-0005" in removed(with_foreign)
 
 
@@ -51,48 +51,52 @@ def test_the_registry_protects_runs_that_may_still_run(tmp_path):
     store = RunStore(str(tmp_path / "state"))
     store.create("20261201-000000-0001", "inv.yaml", {}, {"nodes": []}, {"host": "elsewhere", "pid": 1}, [], [])
     record = store.get("20261201-000000-0001")  # state "starting": not ended
-    decisions = decide([entry(record.id)], Rules(keep=0), {record.id: record}, NOW)
+    decisions = select_removals([entry(record.id)], Rules(keep=0), {record.id: record}, NOW)
     assert not decisions[0].remove and "may still run" in decisions[0].why
 
 
 def tree(root):
+    """Every path under the workdir with its size, inode and links; not the host program itself (bin/: Python
+    caches the bytecode of each of its modules the first time a command uses it)."""
     out = []
     for folder, dirs, files in os.walk(root):
+        if folder == str(root):
+            dirs[:] = [d for d in dirs if d != "bin"]
         for name in sorted(dirs + files):
             st = os.lstat(os.path.join(folder, name))
             out.append((os.path.relpath(os.path.join(folder, name), root), st.st_size, st.st_ino, st.st_nlink))
     return sorted(out)
 
 
-def test_host_removes_finished_runs_and_collects_exactly_the_unlinked_objects(agent, tmp_path):  # noqa: F811
+def test_host_removes_finished_runs_and_collects_exactly_the_unlinked_objects(host_client, tmp_path):
     work = tmp_path / "work"
     shared = b"shared" * 100
     for i, run_id in enumerate(["20261201-000000-0001", "20261201-000000-0002", "20261201-000000-0003"]):
         m = project(tmp_path, {"job.py": b"import sys; sys.exit(0)\n", "data/shared.bin": shared,
                                "data/own.bin": b"own %d" % i * 1000})
-        agent.push_only(run_id, m)
-        agent.start(run_id, spec(run_id, [(0, [sys.executable, "job.py"])]))
+        host_client.push(run_id, m, hold=False)
+        host_client.start(run_id, spec(run_id, [(0, [sys.executable, "job.py"])]))
     running = "20261201-000000-0004"
-    agent.push_only(running, project(tmp_path, {"job.py": b"import time; time.sleep(30)\n"}))
-    agent.start(running, spec(running, [(0, [sys.executable, "job.py"])]))
+    host_client.push(running, project(tmp_path, {"job.py": b"import time; time.sleep(30)\n"}), hold=False)
+    host_client.start(running, spec(running, [(0, [sys.executable, "job.py"])]))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and sum(
-            r["status"] == "finished" for r in agent.runs()["runs"]) < 3:
+            r["status"] == "finished" for r in host_client.runs()["runs"]) < 3:
         time.sleep(0.1)
-    listing = {r["id"]: r for r in agent.runs()["runs"]}
+    listing = {r["id"]: r for r in host_client.runs()["runs"]}
     assert listing[running]["status"] == "running"
     assert {r["status"] for k, r in listing.items() if k != running} == {"finished"}
     assert listing["20261201-000000-0001"]["logs"] == {"0": {"0": 0}}
 
     before = tree(work)
-    dry = agent.clean({"remove": ["20261201-000000-0001", "20261201-000000-0002", running], "cache": True,
+    dry = host_client.clean({"remove": ["20261201-000000-0001", "20261201-000000-0002", running], "cache": True,
                        "dry_run": True})
     assert tree(work) == before  # a dry run touches nothing
     assert [r["id"] for r in dry["removed"]] == ["20261201-000000-0001", "20261201-000000-0002"]
     assert dry["refused"] == [{"id": running, "why": "its supervisor runs"}]
     assert dry["cache"]["removed"] == 2  # the two runs' own.bin (shared.bin and job.py stay linked)
 
-    done = agent.clean({"remove": ["20261201-000000-0001", "20261201-000000-0002", running], "cache": True})
+    done = host_client.clean({"remove": ["20261201-000000-0001", "20261201-000000-0002", running], "cache": True})
     assert sorted(os.listdir(work / "runs")) == ["20261201-000000-0003", running]
     assert done["cache"]["removed"] == dry["cache"]["removed"]
     objects = {os.stat(os.path.join(d, f)).st_ino for d, _, fs in os.walk(work / "cache" / "objects")
@@ -104,4 +108,4 @@ def test_host_removes_finished_runs_and_collects_exactly_the_unlinked_objects(ag
     shas = {line.split()[0] for line in log if line}
     own = hashlib.sha256(b"own 0" * 1000).hexdigest()
     assert own not in shas and hashlib.sha256(shared).hexdigest() in shas  # the index was compacted
-    agent.stop(running, 0.5)
+    host_client.stop(running, 0.5)

@@ -22,7 +22,7 @@ from clusterrun.transport import StreamClosed
 from clusterrun.transport.local import LocalTransport, host_environment
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_host_side import make_host, project  # noqa: E402
+from hostkit import make_host, project  # noqa: E402
 
 
 class BytesStream:
@@ -73,7 +73,7 @@ def test_garbled_frames_make_the_host_lost_never_a_hang(tmp_path, garbage):
     out = queue.Queue()
     client = HostileClient(frame(b"H", 0, 0, json.dumps({"now": time.time()}).encode()) + garbage)
     f = Follower(node_rank=0, host="evil", ranks=[0, 1], files=LogFiles(rank=lambda r: str(tmp_path / f"r{r}")),
-                 world_size=2, run_id="r", client=lambda reconnect: client, out=out, host_lost_s=30)
+                 world_size=2, attempt_key="r", client=lambda reconnect: client, out=out, host_lost_s=30)
     f.start()
     f.join(timeout=10)
     assert not f.is_alive()
@@ -106,7 +106,7 @@ def test_a_symlink_chain_out_of_the_job_is_refused(client, tmp_path):
     manifest = Manifest(files=(entry,), dirs=("a", "a/b", "a/b/c"),
                         symlinks=(("a/b/c/up", "../.."), ("a/b/c/up/evil", "../../..")))
     with pytest.raises(PushError, match="under another symlink"):
-        client.push_only("20261201-000000-0001", manifest)
+        client.push("20261201-000000-0001", manifest, hold=False)
     assert not (tmp_path / "work" / "runs" / "evil").exists()
     assert not os.path.lexists(tmp_path / "work" / "runs" / "20261201-000000-0001")
 
@@ -115,22 +115,22 @@ def test_a_negative_size_is_refused(client, tmp_path):
     (tmp_path / "job.py").write_bytes(b"x")
     bad = Manifest(files=(FileEntry("job.py", "0" * 64, -5, False, str(tmp_path / "job.py")),), dirs=(), symlinks=())
     with pytest.raises(PushError, match="bad size -5"):
-        client.push_only("20261201-000000-0002", bad)
+        client.push("20261201-000000-0002", bad, hold=False)
 
 
 def test_a_cached_object_a_job_changed_is_fetched_again(client, tmp_path):
     m = project(tmp_path, {"job.py": b"print('original')\n"})
-    first = client.push_only("20261201-000000-0003", m)
+    first = client.push("20261201-000000-0003", m, hold=False).result
     assert first.objects == 1
     pushed = tmp_path / "work" / "runs" / "20261201-000000-0003" / "job" / "job.py"
     os.chmod(pushed, 0o644)  # what a job does to write to its input: the cached object is the same inode
     pushed.write_bytes(b"print('POISONED')\n")
-    again = client.push_only("20261201-000000-0004", m)
+    again = client.push("20261201-000000-0004", m, hold=False).result
     assert again.repaired == 1 and again.objects == 1
     fresh = tmp_path / "work" / "runs" / "20261201-000000-0004" / "job" / "job.py"
     assert fresh.read_bytes() == b"print('original')\n"
     assert "was changed after it was stored" in (tmp_path / "work" / "cache" / "objects" / "events.log").read_text()
-    third = client.push_only("20261201-000000-0005", m)  # and from then on it is trusted by its stat again
+    third = client.push("20261201-000000-0005", m, hold=False).result  # and from then on it is trusted by its stat again
     assert (third.objects, third.repaired, third.sent_bytes) == (0, 0, 0)
 
 

@@ -1,10 +1,13 @@
-"""The layering rules of docs/architecture.md, checked on the source (ast, every import, lazy ones included).
+"""The rules of docs/architecture.md, checked on the source (ast, every import, lazy ones included). The
+"may import" column of its folder table is read from the page itself: the page is the data.
 
-- no import cycles between clusterrun's modules;
-- the pure core (config/, plan, states, errors, events, outcome) imports nothing from the edges;
-- only transport/ imports paramiko or fabric;
-- only cli/ and ui/ print or exit (the host program in remote/ speaks on its own stdout: it is exempt);
-- remote/host/ is stdlib only and imports nothing from the controller.
+1. no import cycles between clusterrun's modules;
+2. every import between folders is one the table allows (the pure core reaches no edge);
+3. only transport/ imports paramiko or fabric;
+4. only cli/ and ui/ print or exit (the host program in remote/ speaks on its own stdout: it is exempt);
+5. remote/host/ is stdlib only and imports nothing from the controller;
+6. host work fans out through hosts.group (no other thread pools or threads);
+7. a run's end is decided in outcome.py only.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Dict, Iterator, Set, Tuple
 
 PKG = Path(__file__).resolve().parents[2] / "clusterrun"
+ARCHITECTURE = PKG.parent / "docs" / "architecture.md"
 CORE = ("clusterrun.config", "clusterrun.plan", "clusterrun.states", "clusterrun.errors", "clusterrun.events",
         "clusterrun.outcome")
 EDGES = ("clusterrun.launch", "clusterrun.hosts", "clusterrun.transport", "clusterrun.registry", "clusterrun.check",
@@ -158,3 +162,140 @@ def test_folder_list_shows_the_design():
     packages = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").exists())
     assert packages == ["check", "clean", "cli", "config", "hosts", "launch", "registry", "remote", "sweep", "transport",
                         "ui"], packages
+
+
+# -------------------------------------------------------------- rule 2: the table's "may import" column
+
+
+def folder_of(name: str) -> str:
+    """The table's row a module belongs to: `clusterrun.launch.runner` → `launch`, `clusterrun.plan` → `plan`."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def may_import_table(text: str) -> Dict[str, Set[str]]:
+    """folder → what it may import (folder names, or dotted module paths), from the page's folder table."""
+    core = {"config", "plan", "states", "errors", "events", "outcome"}
+    rows: Dict[str, Set[str]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`") or cells[0].startswith("`--"):
+            continue
+        folder = cells[0].strip("`").rstrip("/").removesuffix(".py")
+        allowed: Set[str] = set()
+        for item in cells[2].split(","):
+            word = item.strip().split(" ")[0].strip("`")
+            if word in ("nothing", "stdlib"):
+                continue
+            if word == "core" or item.strip() == "the core":
+                allowed |= core
+            elif word == "anything":
+                allowed.add("*below" if "below" in item else "*")
+            else:
+                allowed.add(word)
+        rows[folder] = allowed
+    return rows
+
+
+def allowed_import(source: str, target: str, rows: Dict[str, Set[str]]) -> bool:
+    mine, theirs = folder_of(source), folder_of(target)
+    if target == "clusterrun" or mine == theirs:  # `from .. import outcome` names the package; outcome is checked
+        return True
+    allowed = rows[mine]
+    if "*" in allowed or ("*below" in allowed and theirs not in ("cli", "__main__")):
+        return True
+    dotted = ["clusterrun." + a for a in allowed if "." in a]
+    return theirs in allowed or any(target == a or target.startswith(a + ".") for a in dotted)
+
+
+def test_the_architecture_page_lists_every_folder():
+    rows = may_import_table(ARCHITECTURE.read_text())
+    folders = {folder_of(name) for name in modules()} - {""}
+    assert folders <= set(rows), f"folders missing from docs/architecture.md: {sorted(folders - set(rows))}"
+    assert not set(rows) - folders, f"the page lists folders that do not exist: {sorted(set(rows) - folders)}"
+
+
+def test_every_import_is_one_the_architecture_page_allows():
+    rows = may_import_table(ARCHITECTURE.read_text())
+    mods = modules()
+    bad = [f"{path.relative_to(PKG.parent)}:{line} imports {target} ({folder_of(name)} may import: "
+           f"{', '.join(sorted(rows[folder_of(name)])) or 'nothing'})"
+           for name, (path, tree) in mods.items() if folder_of(name) and not under(name, ("clusterrun.remote",))
+           for target, line in imports(name, path, tree)
+           if target in mods and not allowed_import(name, target, rows)]
+    assert not bad, "imports docs/architecture.md does not allow:\n" + "\n".join(bad)
+
+
+def test_the_table_check_catches_a_forbidden_import():
+    """The check above would fail on an import the page does not allow (one of those it caught once)."""
+    rows = may_import_table(ARCHITECTURE.read_text())
+    assert not allowed_import("clusterrun.check.probe", "clusterrun.transport.ssh", rows)
+    assert not allowed_import("clusterrun.sweep.grid", "clusterrun.registry.store", rows)
+    assert not allowed_import("clusterrun.registry.store", "clusterrun.remote.host.run.stop", rows)
+    assert allowed_import("clusterrun.registry.store", "clusterrun.remote.host.procs", rows)
+    assert not allowed_import("clusterrun.outcome", "clusterrun.launch.runner", rows)
+
+
+# -------------------------------------------------------------- rule 6: one fan-out
+
+
+def test_only_hosts_group_fans_out():
+    bad = []
+    for name, (path, tree) in modules().items():
+        if name in ("clusterrun.hosts.group",) or under(name, ("clusterrun.remote",)):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in ("ThreadPoolExecutor", "ProcessPoolExecutor"):
+                bad.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: {node.id}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("threading.Thread", "Thread"):
+                bad.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: a thread started by hand")
+    assert not bad, "host work fans out through hosts.group:\n" + "\n".join(bad)
+
+
+# -------------------------------------------------------------- rule 7: one outcome
+
+FINAL_STATES = {"SUCCEEDED", "FAILED", "STOPPED", "TIMED_OUT", "INTERRUPTED"}
+
+
+def final_state_uses(tree: ast.Module) -> Iterator[Tuple[int, str]]:
+    """`RunState.<final>` anywhere but as one side of a comparison; and RunOutcome(...) calls."""
+    compared = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for side in [node.left] + node.comparators:
+                compared |= {id(n) for n in ast.walk(side)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in FINAL_STATES and ast.unparse(node.value) == "RunState" \
+                and id(node) not in compared:
+            yield node.lineno, f"RunState.{node.attr}"
+        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "RunOutcome":
+            yield node.lineno, "RunOutcome(...)"
+
+
+def test_a_runs_end_is_decided_in_outcome_only():
+    bad = [f"{path.relative_to(PKG.parent)}:{line}: {what}" for name, (path, tree) in modules().items()
+           if name not in ("clusterrun.outcome", "clusterrun.states")
+           for line, what in final_state_uses(tree)]
+    assert not bad, "only outcome.py decides how a run ends:\n" + "\n".join(bad)
+
+
+def test_the_outcome_rule_catches_a_verdict_made_elsewhere():
+    made = ast.parse("store.update_run(r, state=RunState.FAILED)\nx = RunOutcome(r, RunState.STOPPED, 1)\n")
+    assert sorted(w for _, w in final_state_uses(made)) == ["RunOutcome(...)", "RunState.FAILED", "RunState.STOPPED"]
+    read = ast.parse("if outcome.state is RunState.SUCCEEDED: pass\n")
+    assert list(final_state_uses(read)) == []
+
+
+def test_the_registry_writes_a_final_state_only_from_an_outcome(tmp_path):
+    import pytest
+
+    from clusterrun.outcome import interrupted
+    from clusterrun.registry.store import RunStore
+    from clusterrun.states import RunState
+
+    store = RunStore(str(tmp_path))
+    store.create("20261201-000000-0001", "inv.yaml", {}, {"nodes": []}, {}, [], [])
+    with pytest.raises(ValueError, match="conclude"):
+        store.update_run("20261201-000000-0001", state=RunState.FAILED)
+    store.conclude(interrupted("20261201-000000-0001"))
+    assert store.get("20261201-000000-0001").state is RunState.INTERRUPTED

@@ -3,8 +3,8 @@
 import time
 
 from clusterrun.check.rules import CHECKS
-from clusterrun.check.run import JUDGES
-from clusterrun.outcome import RankResult, decide
+from clusterrun.check.doctor import JUDGES
+from clusterrun.outcome import EndedBy, RankResult, decide
 from clusterrun.registry.runs import conclude
 from clusterrun.registry.store import RunStore
 from clusterrun.states import RankState, RunState
@@ -23,8 +23,8 @@ def test_a_sigkilled_rank_reads_the_same_live_and_in_ps(tmp_path):
     _record(store, [(RankState.STOPPED, {"signal": 15, "ended_at": now + 1}),
                     (RankState.FAILED, {"signal": 9, "ended_at": now})])
     record = conclude(store, "20261201-000000-0001")
-    live = decide([RankResult(0, 0, "a", RankState.STOPPED, signal=15, ended_at=now + 1),
-                   RankResult(1, 0, "a", RankState.FAILED, signal=9, ended_at=now)], stop_reason="failed")
+    live = decide("r", [RankResult(0, 0, "a", RankState.STOPPED, signal=15, ended_at=now + 1),
+                        RankResult(1, 0, "a", RankState.FAILED, signal=9, ended_at=now)], ended_by=EndedBy.FAILURE)
     assert record.state is RunState.FAILED and live.state is RunState.FAILED
     assert record.reason == live.reason == "rank 1 on a: killed by signal 9 (SIGKILL)"
     assert record.exit_code == live.exit_code == 1
@@ -35,16 +35,44 @@ def test_root_cause_is_the_earliest_failure_then_the_lowest_rank():
     ranks = [RankResult(0, 0, "a", RankState.FAILED, exit_code=1, ended_at=t + 2),
              RankResult(1, 0, "a", RankState.LOST, note="host lost", ended_at=t + 1),
              RankResult(2, 1, "b", RankState.FAILED, exit_code=3, ended_at=t + 1)]
-    verdict = decide(ranks)
+    verdict = decide("r", ranks)
     assert verdict.root_cause.rank == 1 and "lost (host lost)" in verdict.reason
 
 
 def test_open_runs_have_no_verdict_unless_clusterrun_ended_them():
     ranks = [RankResult(0, 0, "a", RankState.RUNNING), RankResult(1, 0, "a", RankState.SUCCEEDED)]
-    assert decide(ranks) is None
-    assert decide(ranks, stop_reason="time-limit", time_limit=10).state is RunState.TIMED_OUT
-    assert decide(ranks, stop_reason="interrupted").exit_code == 130
+    assert decide("r", ranks) is None
+    assert decide("r", ranks, ended_by=EndedBy.TIME_LIMIT, time_limit=10).state is RunState.TIMED_OUT
+    assert decide("r", ranks, ended_by=EndedBy.INTERRUPT).exit_code == 130
 
 
 def test_every_check_column_has_a_judge():
     assert CHECKS == ("ssh",) + tuple(JUDGES)
+
+
+def test_a_hosts_exit_record_lands_on_the_controllers_clock_once():
+    """RankResult.from_exit is the one place a host's clock is corrected (monitor, ps and stop all use it)."""
+    from clusterrun.outcome import RankResult as R
+
+    host_now = time.time() + 100.0  # that host's clock runs 100 s ahead
+    info = {"rank": 3, "exit_code": 1, "signal": None, "started_at": host_now - 10, "ended_at": host_now,
+            "stopped": False, "error": "boom"}
+    r = R.from_exit(3, 1, "b", info, clock_offset=100.0, log_path="/l")
+    assert abs(r.ended_at - (host_now - 100)) < 1e-6 and abs(r.started_at - (host_now - 110)) < 1e-6
+    assert r.state is RankState.FAILED and r.note == "boom" and r.duration == 10.0
+
+
+def test_stop_records_exits_with_the_hosts_clock(tmp_path):
+    """`stop`'s answer carries the host's `now`: what it reports is moved to this clock like `ps` does."""
+    from clusterrun.registry.runs import Node, _record_exits
+    from hostkit import make_host
+
+    store = RunStore(str(tmp_path))
+    _record(store, [(RankState.RUNNING, {})])
+    host_now = time.time() + 50.0
+    node = Node(0, make_host(tmp_path / "work"), (0,), 0)
+    _record_exits(store, "20261201-000000-0001", node, {"0": {"exit_code": None, "signal": 15, "stopped": True,
+                                                             "ended_at": host_now, "started_at": host_now - 5}},
+                  host_now)
+    rank = store.get("20261201-000000-0001").ranks[0]
+    assert rank.state is RankState.STOPPED and abs(rank.ended_at - (host_now - 50)) < 1.0

@@ -12,9 +12,10 @@ from clusterrun.config.inventory import Timeouts
 from clusterrun.hosts.client import HostClient
 from clusterrun.hosts.relay import RelayGroup, relay_wanted
 from clusterrun.hosts.relay import for_push as relay_for_push
-from clusterrun.remote.host import relay as host_relay
+from clusterrun.remote.host import net as host_net
+from clusterrun.remote.host.push import relay as host_relay
 from clusterrun.transport.local import LocalTransport
-from test_host_side import make_host, project
+from hostkit import make_host, project
 
 RUN = "20261201-000000-0001"
 
@@ -29,7 +30,7 @@ def push_all(cs, manifest, group, run_id=RUN):
 
     def one(i):
         try:
-            out[i] = cs[i].push_only_relay(run_id, manifest, group, i)
+            out[i] = cs[i].push(run_id, manifest, relay=(group, i), hold=False).result
         except Exception as exc:  # noqa: BLE001 - the test looks at it
             errors[i] = exc
             group.fail(i)
@@ -74,7 +75,7 @@ def test_each_object_leaves_the_controller_once_and_every_tree_is_identical(tmp_
 
 def test_a_host_that_already_has_objects_still_passes_them_on(tmp_path, job):
     cs = clients(tmp_path)
-    cs[1].push_only("20261201-000000-0009", job)  # the middle host has everything already
+    cs[1].push("20261201-000000-0009", job, hold=False)  # the middle host has everything already
     out, errors = push_all(cs, job, RelayGroup(3))
     assert not errors, errors
     assert out[1].relayed == job.total_bytes and out[2].relayed == job.total_bytes  # passed through host 1
@@ -106,7 +107,7 @@ def test_an_unreachable_next_host_falls_back_to_a_direct_push(tmp_path, job, mon
 
 
 def test_a_wrong_token_is_refused_before_any_byte():
-    server = host_relay.listener()
+    server = host_net.listener()
     port = server.getsockname()[1]
     result = {}
 

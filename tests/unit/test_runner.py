@@ -376,7 +376,7 @@ def test_rank0s_host_lost_the_next_attempt_runs_on_the_rest_with_a_new_master(tm
     t, out = w.run_in_thread(w.runner())
     w.wait_started()
     beat_until(w, "bc", lambda: any(c[0] == "start-attempt" for c in w.calls))  # a is silent: lost
-    beat_until(w, "bc", lambda: w.hosts["c"].spec.get("run_id", "").endswith("/attempt-1"))
+    beat_until(w, "bc", lambda: w.hosts["c"].spec.get("attempt_key", "").endswith("/attempt-1"))
     b, c = w.hosts["b"], w.hosts["c"]
     assert (b.ranks, c.ranks) == ([0], [1])  # renumbered in node order over the survivors
     env_b, env_c = b.spec["ranks"][0]["env"], c.spec["ranks"][0]["env"]

@@ -2,17 +2,30 @@
 under WORKDIR/bin/host-<id>/ and run with the host's Python.
 
 Usage (by the controller, never by hand): python WORKDIR/bin/host-<id>/ WORKDIR COMMAND [ARGS...]
+RUN is a run id, or RUN/attempt-K for attempt K of a run that restarted (an attempt key).
 
-  receive RUN_DIR       receive the job by content hash into RUN_DIR/job (framed stdin/stdout); when
-                        asked, hold the channel and start the run on a later message
-  start RUN_DIR         write the spec (0600) from stdin, fork a detached supervisor (it runs the ranks in
-                        their own process groups, records exits, forwards stops), print its state
-  follow RUN_DIR OFFS   stream log bytes from offsets, exit records and heartbeats as frames on stdout
-  status RUN_DIR        print the run's state on this host as JSON
-  stop RUN_DIR GRACE    TERM the ranks' process groups, wait GRACE, KILL; idempotent
-  cat RUN_DIR PATH      print a file of the run's job folder (results such as metrics.json)
-  free-port             print a TCP port that is free on this host
-  probe                 print facts about this host as JSON
+  push/     getting a job onto this host
+    receive RUN             receive the job by content hash into RUN/job (framed stdin/stdout; objects may
+                            come from another host: relay.py); when asked, run job.setup (job_setup.py) and
+                            hold the channel to start the run on a later message
+  run/      running it
+    start RUN               write the spec (0600) from stdin, fork a detached supervisor (supervisor.py, with
+                            python_launcher.py or torchrun.py; peers.py: the supervisors among themselves),
+                            print its state
+    stop RUN GRACE [WHY]    TERM the ranks' process groups, wait GRACE, KILL; idempotent
+  observe/  watching it
+    follow RUN OFFSETS      stream log bytes from offsets, exit records and heartbeats as frames on stdout
+    status RUN              print the run's state on this host as JSON
+    cat RUN PATH            print a file of the run's job folder (results such as metrics.json)
+  disk/     keeping the workdir clean
+    runs                    list every run folder here: status, bytes, log sizes; the cache; free space
+    clean                   remove the run folders named on stdin (re-checked), collect the cache
+  net/      sockets
+    free-port               print a TCP port that is free on this host
+
+Shared by them: wire.py (answers, framed messages, `Fail`), files.py (atomic JSON state files), paths.py
+(where a run's files are), runstate.py (a run's state read back from its files), procs.py (is this pid
+still the process we started?), secrets.py (masking at the source). main.py dispatches.
 
 A rank's life never depends on the SSH channel: ranks run under a supervisor in its own session, write
 to log files here, and every state change is a file written atomically. Processes are only ever

@@ -42,10 +42,17 @@ def group_alive(pgid):
 MARKER_ENV = "CLUSTERRUN_PROCESS"
 
 
+def attempt_key(spec):
+    """RUN, or RUN/attempt-K: which attempt of which run a spec starts (specs written before the key had
+    its own field carried it as run_id)."""
+    return spec.get("attempt_key") or spec["run_id"]
+
+
 def process_marker(spec):
-    """What every process of one run on one host carries in its environment: the run id and the node's
-    name, so that two nodes of one run on one machine never take each other's processes for their own."""
-    return "%s/%s" % (spec["run_id"], spec.get("node", ""))
+    """What every process of one attempt of a run on one host carries in its environment: the attempt key
+    and the node's name, so that two nodes of one run on one machine never take each other's processes
+    for their own."""
+    return "%s/%s" % (attempt_key(spec), spec.get("node", ""))
 
 
 def run_members(marker):

@@ -3,7 +3,9 @@
 import os
 import time
 
-from .common import Fail, exit_path, log_path, read_json, reply, write_json_atomic
+from .files import read_json, write_json_atomic
+from .paths import exit_path
+from .wire import Fail
 from .procs import process_marker, rank_live, same_process
 
 
@@ -56,24 +58,3 @@ def collect_exits(run_dir, spec, state, check_lost=True):
         if rec is not None:
             exits[rank] = rec
     return exits, sup_alive
-
-
-def cmd_status(run_dir):
-    spec, state = load_state(run_dir, must_exist=False)
-    if spec is None:
-        reply({"run_dir": run_dir, "started": False, "ranks": {}})
-        return 0
-    exits, sup_alive = collect_exits(run_dir, spec, state)
-    ranks = {}
-    for rank in rank_ids(spec, state):
-        try:
-            size = os.path.getsize(log_path(run_dir, rank))
-        except OSError:
-            size = 0
-        ranks[str(rank)] = {"exit": exits.get(rank), "log_size": size,
-                            "pid": (state or {}).get("ranks", {}).get(str(rank), {}).get("pid")}
-    reply({"run_dir": run_dir, "started": True, "supervisor_alive": sup_alive, "now": time.time(),
-           "done": len(exits) == len(ranks) and (spec.get("launcher") != "torchrun" or not sup_alive
-                                                  or supervisor_done(run_dir)),
-           "restarts": (state or {}).get("restarts", 0), "ranks": ranks})
-    return 0

@@ -12,7 +12,8 @@ spec.json: nothing on the host keeps them past the run.
 import json
 import os
 
-from .common import exit_path, log_path, read_json, write_json_atomic
+from .files import read_json, write_json_atomic
+from .paths import exit_path, log_path
 
 MIN_SECRET = 4  # the controller refuses shorter values
 SCRUB_CHUNK = 1 << 20

@@ -5,64 +5,93 @@ import shutil
 import signal
 import time
 
-from .common import attempt_dirs, read_json, reply, run_root, write_json_atomic
-from .procs import process_marker, rank_live, run_members, same_process, signal_rank
-from .runstate import collect_exits, load_state, rank_ids
+from ..files import read_json, write_json_atomic
+from ..paths import attempt_dirs, run_root
+from ..procs import process_marker, rank_live, run_members, same_process, signal_rank
+from ..runstate import collect_exits, load_state, rank_ids
+from ..wire import reply
 
 
 
 def cmd_stop(run_dir, grace, reason="stopped"):
     """Stop the run on this host: the attempt named, or with the run's own folder, every attempt of it."""
+    grace = float(grace)
     attempts = attempt_dirs(run_dir) if run_root(run_dir) == run_dir else []
     answers = [_stop_one(d, grace, reason) for d in [run_dir] + attempts]
     answer = answers[0]
     for other in answers[1:]:  # the exits of the latest attempt are what the registry wants
         if other.get("exits"):
             answer = dict(other, left=answer["left"] + other["left"])
-    reply(answer)
+    reply(dict(answer, now=time.time()))  # this host's clock: the exit records' times are on it
     return 0
 
 
 def _stop_one(run_dir, grace, reason):
     spec, state = load_state(run_dir, must_exist=False)
     if spec is None:  # pushed (or partly) but never started: nothing runs, so the files go too
-        if run_root(run_dir) != run_dir:  # an attempt folder that never started: nothing was pushed there
-            return {"exits": {}, "left": [], "note": "never started"}
-        removed = os.path.isdir(run_dir)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return {"exits": {}, "left": [], "note": "never started" + ("; pushed files removed" if removed else "")}
+        return _remove_unstarted(run_dir)
     marker = process_marker(spec)
     write_json_atomic(os.path.join(run_dir, "stop.json"), {"grace": grace, "reason": reason,
                                                           "requested_at": time.time()})
-    waited = time.time() + 5.0
-    while state is None and time.time() < waited:  # a supervisor starting right now reads stop.json first
-        time.sleep(0.02)
-        state = read_json(os.path.join(run_dir, "state.json"))
+    state = _await_state(run_dir, state)
     exits, sup_alive = collect_exits(run_dir, spec, state)
     sup = (state or {}).get("supervisor", {})
     targets = _targets(state, [r for r in rank_ids(spec, state) if r not in exits])
     if targets:
-        if sup_alive:
-            os.kill(sup["pid"], signal.SIGTERM)
-        else:
-            for info in targets.values():
-                signal_rank(marker, info, signal.SIGTERM)
+        _terminate(marker, targets, sup, sup_alive)
     killed = _wait_or_kill(marker, targets, grace)
+    _kill_strays(marker)
+    state = _await_exit_records(run_dir, spec, state, sup)
+    exits, sup_alive = collect_exits(run_dir, spec, state)
+    return {"exits": {str(k): v for k, v in exits.items()}, "killed": killed,
+            "left": [name for name, info in targets.items() if rank_live(marker, info)]}
+
+
+def _remove_unstarted(run_dir):
+    if run_root(run_dir) != run_dir:  # an attempt folder that never started: nothing was pushed there
+        return {"exits": {}, "left": [], "note": "never started"}
+    removed = os.path.isdir(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {"exits": {}, "left": [], "note": "never started" + ("; pushed files removed" if removed else "")}
+
+
+def _await_state(run_dir, state):
+    """The run's state, waiting a little for a supervisor that is starting right now (it reads stop.json
+    first)."""
+    waited = time.time() + 5.0
+    while state is None and time.time() < waited:
+        time.sleep(0.02)
+        state = read_json(os.path.join(run_dir, "state.json"))
+    return state
+
+
+def _terminate(marker, targets, sup, sup_alive):
+    """TERM to the supervisor, which stops its ranks itself; without one alive, to each target."""
+    if sup_alive:
+        os.kill(sup["pid"], signal.SIGTERM)
+    else:
+        for info in targets.values():
+            signal_rank(marker, info, signal.SIGTERM)
+
+
+def _kill_strays(marker):
     for pid in run_members(marker):  # anything of this node of the run that left its process group
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _await_exit_records(run_dir, spec, state, sup):
+    """The latest state, once the supervisor (if any) wrote every exit record, or ended, or 2 s passed."""
     waited = time.time() + 2.0
-    while time.time() < waited:  # let the supervisor (if any) write the exit records
+    while time.time() < waited:
         state = read_json(os.path.join(run_dir, "state.json")) or state
         exits, _ = collect_exits(run_dir, spec, state)
         if len(exits) == len(rank_ids(spec, state)) or not same_process(sup.get("pid"), sup.get("ticks")):
             break
         time.sleep(0.02)
-    exits, sup_alive = collect_exits(run_dir, spec, state)
-    return {"exits": {str(k): v for k, v in exits.items()}, "killed": killed,
-            "left": [name for name, info in targets.items() if rank_live(marker, info)]}
+    return state
 
 
 def _targets(state, pending):

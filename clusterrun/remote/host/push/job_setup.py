@@ -18,8 +18,9 @@ import signal
 import subprocess
 import time
 
-from .common import read_json, send_msg, write_json_atomic
-from .secrets import Masker
+from ..files import read_json, write_json_atomic
+from ..secrets import Masker
+from ..wire import send_msg
 
 BEAT_EVERY = 2.0
 EXIT_TIMEOUT = 124

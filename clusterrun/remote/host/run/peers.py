@@ -221,21 +221,25 @@ class Peer:
             self._connect(now)
             return
         for msg in self.line.receive():
-            if "challenge" in msg:
-                self.line.send({"hello": self.node_rank, "done": self.done,
-                                "mac": mac(self.token, str(msg["challenge"]), self.node_rank)})
-                self.said_done = self.done
-            elif "welcome" in msg:
-                self.joined = True
-                self.lost_since = None
-            elif "stop" in msg and self.stop_reason is None:
-                self.stop_reason = str((msg["stop"] or {}).get("reason") or "stopped by rank 0's host")
+            self._on_message(msg)
         if self.joined and self.done and not self.said_done:
             self.line.send({"done": self.node_rank})
             self.said_done = True
         if self.joined and now - self.last_beat >= BEAT_EVERY:
             self.line.send({"beat": now})
             self.last_beat = now
+
+    def _on_message(self, msg):
+        """The coordinator's challenge (answered by the hello), its welcome, or its stop (the first one counts)."""
+        if "challenge" in msg:
+            self.line.send({"hello": self.node_rank, "done": self.done,
+                            "mac": mac(self.token, str(msg["challenge"]), self.node_rank)})
+            self.said_done = self.done
+        elif "welcome" in msg:
+            self.joined = True
+            self.lost_since = None
+        elif "stop" in msg and self.stop_reason is None:
+            self.stop_reason = str((msg["stop"] or {}).get("reason") or "stopped by rank 0's host")
 
     def _connect(self, now):
         if self.joined:  # we had it: lost for host_lost seconds means rank 0's host is gone

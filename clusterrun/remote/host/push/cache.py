@@ -5,7 +5,7 @@ import hashlib
 import os
 import time
 
-from .common import CHUNK, Fail
+from ..wire import CHUNK, Fail
 
 
 def safe_rel(path):

@@ -1,78 +1,29 @@
-"""Disk on this host: what each run folder holds and whether it may go (`runs`), and removing the ones the
-controller names, then collecting the content cache (`clean`).
+"""`runs`: every run folder on this host with its status, its bytes and its log sizes; the cache's size;
+the free space. A folder's status says whether it may go (see disk/clean.py).
 
 A run folder may go only when nothing of it can run again here: it was started (spec.json) and in every
 attempt folder the supervisor is gone and no rank process lives (pid + start time, or its process
 marker); or it was never started and no push holds it (the receiving end keeps an exclusive lock on
 RUN/.receiving for as long as its channel lives: pushing, running job.setup, waiting for the start).
-The controller adds what only it knows (a restart may follow); this end re-checks at the moment of
-removal, so a run that started meanwhile is refused, never removed.
-
-The cache: run folders are hard links into cache/objects, so an object whose link count is 1 is in no
-run folder (mark by the file system itself). The sweep holds cache/lock exclusively; a push holds it
-shared from the moment it decides which objects the cache has until each is linked into its run folder,
-so a push and a sweep at once never lose an object the push counted on. objects.log (the cache index)
-is rewritten without the swept objects under the same lock.
 
 Bytes: a file counts for a run when the run holds its only link (logs, outputs, checkpoints); the job's
 files are the cache's (they are freed by the sweep once no run links them).
 """
 
-import fcntl
-import json
 import os
 import shutil
-import sys
 import time
 
-from .common import attempt_dirs, read_json, reply
-from .procs import MARKER_ENV, process_marker, same_process
-from .runstate import load_state
-
-LOCK_WAIT = 60.0  # how long a sweep waits for pushes in flight to finish with the cache
+from ..files import read_json
+from ..paths import attempt_dirs
+from ..procs import MARKER_ENV, process_marker, same_process
+from ..runstate import load_state
+from ..wire import reply
+from .lock import being_received
 
 
 def cache_dir(workdir):
     return os.path.join(workdir, "cache", "objects")
-
-
-def cache_lock(workdir, exclusive, wait):
-    """An open lock file on the cache, held (shared by pushes, exclusive by a sweep); None when the wait
-    ran out. Closing the file releases it."""
-    folder = os.path.join(workdir, "cache")
-    os.makedirs(folder, 0o700, exist_ok=True)
-    fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.02)
-
-
-def hold_receiving(run_dir):
-    """The receiving end's mark on a run folder it is making: an exclusive lock kept until it exits."""
-    fd = os.open(os.path.join(run_dir, ".receiving"), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
-
-
-def _being_received(run_dir):
-    try:
-        fd = os.open(os.path.join(run_dir, ".receiving"), os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def live_markers():
@@ -131,12 +82,12 @@ def status(run_dir, markers=None):
             return "running", (why + (" (%s)" % os.path.basename(folder) if folder != run_dir else ""))
     if any(os.path.exists(os.path.join(f, "spec.json")) for f in folders):
         return "finished", ""
-    if _being_received(run_dir):
+    if being_received(run_dir):
         return "receiving", "a push or its setup holds it"
     return "unstarted", "pushed but never started"
 
 
-def _walk(folder):
+def walk(folder):
     """(bytes only this folder links, bytes of files linked elsewhere too (the job), {inode: links here})."""
     own = shared = 0
     links = {}
@@ -187,7 +138,7 @@ def _ended_at(run_dir):
 def cache_usage(workdir):
     """(objects, bytes, objects in no run folder, their bytes)."""
     n = size = free_n = free_size = 0
-    for _path, st in _objects(cache_dir(workdir)):
+    for _path, st in cache_objects(cache_dir(workdir)):
         n += 1
         size += st.st_size
         if st.st_nlink == 1:
@@ -196,7 +147,7 @@ def cache_usage(workdir):
     return n, size, free_n, free_size
 
 
-def _objects(cache):
+def cache_objects(cache):
     try:
         subdirs = [e for e in os.scandir(cache) if e.is_dir(follow_symlinks=False) and len(e.name) == 2]
     except OSError:
@@ -231,7 +182,7 @@ def cmd_runs(workdir):
         if not os.path.isdir(run_dir) or name.startswith("."):
             continue
         state, why = status(run_dir, markers)
-        own, shared, _ = _walk(run_dir)
+        own, shared, _ = walk(run_dir)
         total_own += own
         spec = read_json(os.path.join(run_dir, "spec.json")) or {}
         runs.append({"id": name, "status": state, "why": why, "bytes": own, "job_bytes": shared,
@@ -243,105 +194,3 @@ def cmd_runs(workdir):
                                        cache_unreferenced=free_size, cache_unreferenced_objects=free_n),
            "now": time.time()})
     return 0
-
-
-def cmd_clean(workdir):
-    """Remove the run folders named on stdin ({"remove": [ids], "cache": bool, "cache_max": bytes or null,
-    "dry_run": bool}) that may go, then collect the cache; say what was (or would be) freed."""
-    request = json.loads(sys.stdin.buffer.read().decode() or "{}")
-    dry = bool(request.get("dry_run"))
-    runs_dir = os.path.join(workdir, "runs")
-    removed, refused, gone_links = [], [], {}
-    markers = live_markers()
-    for run_id in request.get("remove") or []:
-        run_dir = os.path.normpath(os.path.join(runs_dir, run_id))
-        if os.path.dirname(run_dir) != runs_dir or run_id.startswith("."):
-            refused.append({"id": run_id, "why": "not a run id"})
-            continue
-        if not os.path.isdir(run_dir):
-            refused.append({"id": run_id, "why": "no such run here", "missing": True})
-            continue
-        state, why = status(run_dir, markers)
-        if state not in ("finished", "unstarted"):
-            refused.append({"id": run_id, "why": why or state})
-            continue
-        own, _, links = _walk(run_dir)
-        for key, count in links.items():
-            gone_links[key] = gone_links.get(key, 0) + count
-        if not dry:
-            _remove(run_dir)
-        removed.append({"id": run_id, "bytes": own})
-    cache = None
-    if request.get("cache") or request.get("cache_max") is not None:
-        cache = sweep(workdir, dry, gone_links, request.get("cache_max"), request.get("wait", LOCK_WAIT),
-                      everything=bool(request.get("cache")))
-    n, size, _, _ = cache_usage(workdir)
-    reply({"removed": removed, "refused": refused, "cache": cache, "dry_run": dry,
-           "usage": dict(disk(workdir), cache=size, cache_objects=n)})
-    return 0
-
-
-def _remove(run_dir):
-    """Gone at once for every reader (renamed aside first), then deleted; read-only job files included."""
-    aside = os.path.join(os.path.dirname(run_dir), ".removing-%s-%d" % (os.path.basename(run_dir), os.getpid()))
-    os.rename(run_dir, aside)
-
-    def writable(func, path, exc_info):
-        os.chmod(os.path.dirname(path), 0o700)
-        func(path)
-
-    shutil.rmtree(aside, onerror=writable)
-
-
-def sweep(workdir, dry, gone_links, cache_max, wait, everything):
-    """Remove objects no run folder links (everything: all of them; else oldest first until the cache is
-    under cache_max bytes). dry: count only, as if the runs about to go were gone (gone_links)."""
-    lock = None if dry else cache_lock(workdir, exclusive=True, wait=wait)
-    if lock is None and not dry:
-        return {"busy": True, "removed": 0, "bytes": 0}
-    try:
-        objects = list(_objects(cache_dir(workdir)))
-        total = sum(st.st_size for _, st in objects)
-        loose = [(st.st_mtime, path, st) for path, st in objects
-                 if st.st_nlink - gone_links.get((st.st_dev, st.st_ino), 0) <= 1]
-        loose.sort()
-        removed = freed = 0
-        for _, path, st in loose:
-            if not everything and (cache_max is None or total - freed <= cache_max):
-                break
-            if not dry:
-                try:
-                    if os.lstat(path).st_nlink > 1:  # linked since we looked (cannot happen under the lock)
-                        continue
-                    os.unlink(path)
-                except OSError:
-                    continue
-            removed += 1
-            freed += st.st_size
-        if removed and not dry:
-            _compact_index(cache_dir(workdir))
-        return {"busy": False, "removed": removed, "bytes": freed, "kept": len(objects) - removed,
-                "kept_bytes": total - freed}
-    finally:
-        if lock is not None:
-            os.close(lock)
-
-
-def _compact_index(cache):
-    """objects.log without the lines of objects no longer there (the last line of each object kept)."""
-    path = os.path.join(cache, "objects.log")
-    last = {}
-    try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) == 4:
-                    last[(parts[0], parts[1])] = line
-    except OSError:
-        return
-    keep = [line for (sha, exe), line in last.items()
-            if os.path.exists(os.path.join(cache, sha[:2].decode(), sha.decode() + ("-x" if exe == b"1" else "")))]
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "wb") as fh:
-        fh.writelines(keep)
-    os.replace(tmp, path)

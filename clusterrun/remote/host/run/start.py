@@ -7,7 +7,9 @@ import os
 import sys
 import time
 
-from .common import Fail, job_dir, read_json, reply, run_root, write_json_atomic
+from ..files import read_json, write_json_atomic
+from ..paths import job_dir, run_root
+from ..wire import Fail, reply
 from .python_launcher import RankSupervisor
 from .torchrun import TorchrunSupervisor
 
@@ -45,7 +47,7 @@ def start_run(run_dir, spec):
             os.dup2(log, 2)
             os.close(null)
             os.close(log)
-            code = cmd_supervise(run_dir)
+            code = supervise(run_dir)
         except BaseException:
             import traceback
             traceback.print_exc()
@@ -65,7 +67,7 @@ def start_run(run_dir, spec):
     raise Fail("the supervisor did not start: " + (tail or "no output"), "start")
 
 
-def cmd_supervise(run_dir):
+def supervise(run_dir):
     spec = read_json(os.path.join(run_dir, "spec.json"))
     supervisor = TorchrunSupervisor if spec.get("launcher") == "torchrun" else RankSupervisor
     return supervisor(run_dir, spec).run()

@@ -15,10 +15,15 @@ import os
 import sys
 import time
 
-from .common import CHUNK, FRAME, HEARTBEAT_EVERY, IDLE_SLEEP, Fail, exit_path, log_path, read_json
-from .runstate import collect_exits, load_state, rank_ids, supervisor_done
-from .secrets import Masker, secret_values
-from .sockets import connecting
+from ..files import read_json
+from ..paths import exit_path, log_path
+from ..runstate import collect_exits, load_state, rank_ids, supervisor_done
+from ..secrets import Masker, secret_values
+from ..wire import CHUNK, FRAME, Fail
+from .connecting import connecting
+
+IDLE_SLEEP = 0.02
+HEARTBEAT_EVERY = 1.0
 
 AUX = ("launcher.log",)  # auxiliary streams, by index
 SEND_AT_ONCE = 4 * CHUNK  # read per file per round, then sent in CHUNK-sized frames
@@ -32,7 +37,8 @@ def emit(kind, rank, offset, payload):
     out.write(payload)
 
 
-def cmd_follow(run_dir, offsets_json, once=False):
+def cmd_follow(run_dir, offsets_json, *flags):
+    once = "--once" in flags
     raw = json.loads(offsets_json)
     offsets = {int(k): int(v) for k, v in raw.items() if not k.startswith("a")}
     offsets.update({("a", int(k[1:])): int(v) for k, v in raw.items() if k.startswith("a")})
@@ -83,12 +89,7 @@ class Follow:
 
     def stuck(self, now):
         """[{rank, remote, seconds}] for ranks that have been connecting without an answer for a while."""
-        state = self.state or {}
-        watched = [(int(rank), info.get("pid")) for rank, info in (state.get("ranks") or {}).items()
-                   if int(rank) not in self.exits]
-        if (state.get("launcher") or {}).get("pid"):
-            watched.append((-1, state["launcher"]["pid"]))  # torchrun's own rendezvous
-        for rank, pid in watched:
+        for rank, pid in self._watched():
             for remote in connecting([pid]) if pid else ():
                 since, _ = self.stuck_since.get((rank, remote), (now, now))
                 self.stuck_since[(rank, remote)] = (since, now)
@@ -98,6 +99,15 @@ class Follow:
         return [{"rank": rank if rank >= 0 else None, "remote": remote, "seconds": round(now - since, 1)}
                 for (rank, remote), (since, last) in sorted(self.stuck_since.items())
                 if last == now and now - since >= STUCK_AFTER]
+
+    def _watched(self):
+        """(rank, pid) of every rank that has not exited, and (-1, pid) of torchrun's own rendezvous."""
+        state = self.state or {}
+        watched = [(int(rank), info.get("pid")) for rank, info in (state.get("ranks") or {}).items()
+                   if int(rank) not in self.exits]
+        if (state.get("launcher") or {}).get("pid"):
+            watched.append((-1, state["launcher"]["pid"]))
+        return watched
 
     def finished(self):
         if any(rank not in self.sent_exit for rank in self.ranks):

@@ -4,8 +4,8 @@ import os
 import subprocess
 import time
 
-from .common import job_dir, log_path
-from .procs import start_ticks
+from ..paths import job_dir, log_path
+from ..procs import start_ticks
 from .supervisor import Supervisor
 
 

@@ -1,4 +1,4 @@
-"""What every launcher's supervisor does on its host (see supervise.py for how one is started).
+"""What every launcher's supervisor does on its host (see start.py for how one is started).
 
 Its promises hold with no controller alive: it enforces the run's time limit itself (stop reason
 "time-limit", the run ends with exit 4), and with the other hosts' supervisors (peers.py) it stops every
@@ -10,10 +10,12 @@ import signal
 import sys
 import time
 
-from .common import PROTOCOL, exit_path, read_json, write_json_atomic
+from ..files import read_json, write_json_atomic
+from ..paths import exit_path
+from ..procs import MARKER_ENV, attempt_key, group_alive, process_marker, start_ticks
+from ..secrets import scrub_run
+from ..wire import PROTOCOL
 from .peers import Coordinator, Peer
-from .procs import MARKER_ENV, group_alive, process_marker, start_ticks
-from .secrets import scrub_run
 
 # Why a supervisor stopped its ranks (exit records carry it as "stop_reason").
 TIME_LIMIT = "time-limit"
@@ -89,7 +91,7 @@ class Supervisor:
         return 0
 
     def state(self):
-        state = {"protocol": PROTOCOL, "run_id": self.spec["run_id"],
+        state = {"protocol": PROTOCOL, "attempt_key": attempt_key(self.spec),
                  "supervisor": {"pid": os.getpid(), "ticks": start_ticks(os.getpid())}, "ranks": self.ranks,
                  "started_at": self.started}
         if self.coordinator is not None:

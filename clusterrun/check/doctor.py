@@ -16,17 +16,16 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..config.inventory import Host, Inventory
 from ..errors import ClusterrunError, HostError, RemoteCommandError
 from ..hosts.client import HostClient, make_connect
-from ..hosts.group import fan_out
+from ..hosts.group import background, fan_out
 from ..hosts.relay import relay_wanted
 from .net import connect_result, iface_result, relay_result, shared_result
-from .probe import Listener, ProbeAnswer, Started, reach
+from ..hosts.probe import Listener, ProbeAnswer, Started, reach
 from .rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result, clock_skew,
                     cuda_result, disk_result, port_text, probe_failed, python_results, shell_noise, ssh_failed,
                     torch_results)
@@ -233,19 +232,17 @@ def run_checks(inv: Inventory, *, connect: Optional[Callable[[Host], HostClient]
     """Check every host of inv in parallel and judge the facts; never raises for a host's problem."""
     t0 = time.monotonic()
     session = _Session(inv, connect or make_connect(inv.timeouts))
-    sizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="check-push")
     try:
-        push = sizing.submit(_push_size, inv)  # hashing the job overlaps the network work
+        push = background(_push_size, inv, thread_name="check-push")  # hashing the job overlaps the network work
         hosts = list(enumerate(inv.hosts))
-        found = fan_out(hosts, lambda item: session.observe(*item), key=lambda item: item[0],
+        found = fan_out(hosts, lambda item: session.observe(*item),
                         name=lambda item: item[1].name, thread_name="check")
-        observed = [found.results[i] for i, _ in hosts]
+        observed = [found.results[h.name] for _, h in hosts]
         seen = session.finish(observed)
         relay_seen = session.finish_relay(observed)
         push_bytes, push_error = push.result()
     finally:
         session.close()
-        sizing.shutdown(wait=False)
     return evaluate(inv, observed, seen, session.master_addr, session.wanted_port, push_bytes, push_error,
                     seconds=time.monotonic() - t0, relay_seen=relay_seen)
 
@@ -348,19 +345,25 @@ def _context(inv: Inventory, observed: List[Observed], listener: Optional[Listen
                                          {h: f["executable"] for h, f in facts.items()})
     ready = listener.ready if listener else {}
     bound = ready.get("port") or {}
-    if listener is None:
-        no_test = f"{rank0} was not reachable"
-    elif not ready:
-        no_test = f"no listener on {rank0}: {listener.error}"
-    else:
-        no_test = "" if bound.get("free") else f"the master port could not be bound on {rank0}"
-    # local hosts share this machine: loopback and a loopback hostname are fine among them
-    machines = len({"local" if h.connection == "local" else h.master_addr for h in inv.hosts})
     context = _Context(inv, master_addr, wanted_port, bound.get("port") if bound.get("free") else wanted_port,
-                       bound, ready, no_test,
+                       bound, ready, _no_test(listener, rank0),
                        frozenset(name for _, name in listener.peers) if listener and ready else None,
-                       machines > 1, pythons, torches, push_bytes, push_error, relay_seen)
+                       _machine_count(inv) > 1, pythons, torches, push_bytes, push_error, relay_seen)
     return context, notes + torch_notes
+
+
+def _no_test(listener: Optional[ListenerSeen], rank0: str) -> str:
+    """Why the connection test could not run ("" when it did)."""
+    if listener is None:
+        return f"{rank0} was not reachable"
+    if not listener.ready:
+        return f"no listener on {rank0}: {listener.error}"
+    return "" if (listener.ready.get("port") or {}).get("free") else f"the master port could not be bound on {rank0}"
+
+
+def _machine_count(inv: Inventory) -> int:
+    # local hosts share this machine: loopback and a loopback hostname are fine among them
+    return len({"local" if h.connection == "local" else h.master_addr for h in inv.hosts})
 
 
 def evaluate(inv: Inventory, observed: List[Observed], listener: Optional[ListenerSeen], master_addr: str,

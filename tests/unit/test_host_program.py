@@ -11,83 +11,52 @@ import pytest
 
 from clusterrun.errors import PushError, RemoteCommandError
 from clusterrun.hosts.client import HostClient
-from clusterrun.config.inventory import DEFAULT_EXCLUDES, Host, Job, Timeouts
-from clusterrun.hosts.manifest import HashCache, build_manifest
+from clusterrun.config.inventory import Timeouts
 from clusterrun.transport.local import LocalTransport
+from hostkit import make_host, project, spec
 
 
-def make_host(workdir):
-    return Host(name="here", host="localhost", addr="127.0.0.1", slots=1, connection="local", user=None, port=None,
-                identity_file=None, known_hosts=None, host_key_policy="strict", python=sys.executable,
-                workdir=str(workdir), env={}, proxy_jump=None, source="t:1:1")
-
-
-@pytest.fixture
-def agent(tmp_path):
-    a = HostClient(make_host(tmp_path / "work"), LocalTransport("here"), Timeouts(command=20))
-    yield a
-    a.close()
-
-
-def project(tmp_path, files):
-    root = tmp_path / "proj"
-    for rel, content in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(content)
-    job = Job(root=str(root), script="job.py", args=(), sync=tuple(k for k in files if k != "job.py"),
-              exclude=DEFAULT_EXCLUDES, init_method="env", backend="gloo", timeout_s=60, time_limit_s=None,
-              shared_dir=None)
-    return build_manifest(job, HashCache(None))
-
-
-def spec(run_id, ranks, grace=5.0, **extra):
-    return {"run_id": run_id, "grace": grace, "fail_fast": True,
-            "ranks": [{"rank": r, "argv": argv, "env": {"CLUSTERRUN_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}}
-                      for r, argv in ranks],
-            **extra}
-
-
-def test_push_is_incremental_by_content_and_private(agent, tmp_path):
+def test_push_is_incremental_by_content_and_private(host_client, tmp_path):
     m = project(tmp_path, {"job.py": b"print(1)\n", "data/a.bin": b"A" * 5000, "data/b.bin": b"A" * 5000})
-    first = agent.push_only("20261130-000000-0001", m)
+    first = host_client.push("20261130-000000-0001", m, hold=False).result
     assert (first.objects, first.sent_bytes, first.files) == (2, 5009, 3)
     job = tmp_path / "work" / "runs" / "20261130-000000-0001" / "job"
     assert (job / "data" / "b.bin").read_bytes() == b"A" * 5000
     assert stat.S_IMODE(os.stat(tmp_path / "work" / "runs" / "20261130-000000-0001").st_mode) == 0o700
-    again = agent.push_only("20261130-000000-0002", m)
+    again = host_client.push("20261130-000000-0002", m, hold=False).result
     assert (again.objects, again.sent_bytes) == (0, 0)  # unchanged re-launch sends nothing
     assert os.stat(job / "data" / "a.bin").st_ino == os.stat(
         tmp_path / "work" / "runs" / "20261130-000000-0002" / "job" / "data" / "a.bin").st_ino
 
 
-def test_push_refuses_an_existing_run_folder(agent, tmp_path):
+def test_push_refuses_an_existing_run_folder(host_client, tmp_path):
     m = project(tmp_path, {"job.py": b"x"})
-    agent.push_only("20261130-000000-0003", m)
+    host_client.push("20261130-000000-0003", m, hold=False)
     with pytest.raises(PushError, match="already exists"):
-        agent.push_only("20261130-000000-0003", m)
+        host_client.push("20261130-000000-0003", m, hold=False)
 
 
-def test_corrupt_content_is_rejected_and_nothing_is_left(agent, tmp_path):
+def test_corrupt_content_is_rejected_and_nothing_is_left(host_client, tmp_path):
     m = project(tmp_path, {"job.py": b"original\n"})
     (tmp_path / "proj" / "job.py").write_bytes(b"tampered\n")  # changes after hashing: sent bytes differ
     with pytest.raises(PushError, match="corrupted"):
-        agent.push_only("20261130-000000-0004", m)
+        host_client.push("20261130-000000-0004", m, hold=False)
     assert not (tmp_path / "work" / "runs" / "20261130-000000-0004").exists()
 
 
-def test_a_manifest_path_escaping_the_run_is_refused(agent, tmp_path):
+def test_a_manifest_path_escaping_the_run_is_refused(host_client, tmp_path):
     from clusterrun.hosts.manifest import FileEntry, Manifest
 
     evil = FileEntry(rel="../../escape.txt", sha="0" * 64, size=0, executable=False, source="/dev/null")
     with pytest.raises(PushError, match="unsafe path"):
-        agent.push_only("20261130-000000-0005", Manifest(files=(evil,), dirs=(), symlinks=()))
+        host_client.push("20261130-000000-0005", Manifest(files=(evil,), dirs=(), symlinks=()), hold=False)
     assert not (tmp_path / "escape.txt").exists()
 
 
-def start_sleepers(agent, tmp_path, run_id, code="import time; time.sleep(60)", n=2, **extra):
-    agent.push_only(run_id, project(tmp_path, {"job.py": b"x"}))
+def start_sleepers(host_client, tmp_path, run_id, code="import time; time.sleep(60)", n=2, **extra):
+    host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False)
     ranks = [(r, [sys.executable, "-c", code]) for r in range(n)]
-    return agent.start(run_id, spec(run_id, ranks, **extra))
+    return host_client.start(run_id, spec(run_id, ranks, **extra))
 
 
 def alive(pid):
@@ -99,68 +68,68 @@ def alive(pid):
         return fh.read().split(") ")[1][0] != "Z"
 
 
-def test_start_detaches_and_stop_ends_every_rank_by_process_group(agent, tmp_path):
+def test_start_detaches_and_stop_ends_every_rank_by_process_group(host_client, tmp_path):
     run_id = "20261130-000000-0010"
-    state = start_sleepers(agent, tmp_path, run_id, grace=1.0)
+    state = start_sleepers(host_client, tmp_path, run_id, grace=1.0)
     pids = [state["ranks"][str(r)]["pid"] for r in range(2)]
     assert all(alive(p) for p in pids)
     assert all(os.getpgid(p) == p for p in pids)  # each rank leads its own process group
     assert os.getsid(state["supervisor"]["pid"]) == state["supervisor"]["pid"]  # detached session
     t = time.monotonic()
-    answer = agent.stop(run_id, 1.0)
+    answer = host_client.stop(run_id, 1.0)
     assert time.monotonic() - t < 3
     assert not any(alive(p) for p in pids)
     assert {r: (e["signal"], e["stopped"]) for r, e in answer["exits"].items()} == {
         "0": (signal.SIGTERM, True), "1": (signal.SIGTERM, True)}
     assert stat.S_IMODE(os.stat(tmp_path / "work" / "runs" / run_id / "spec.json").st_mode) == 0o600
-    assert agent.stop(run_id, 1.0)["left"] == []  # idempotent
+    assert host_client.stop(run_id, 1.0)["left"] == []  # idempotent
 
 
-def test_a_rank_ignoring_term_is_killed_after_the_grace(agent, tmp_path):
+def test_a_rank_ignoring_term_is_killed_after_the_grace(host_client, tmp_path):
     run_id = "20261130-000000-0011"
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
-    state = start_sleepers(agent, tmp_path, run_id, code=code, n=1, grace=0.5)
+    state = start_sleepers(host_client, tmp_path, run_id, code=code, n=1, grace=0.5)
     time.sleep(0.3)
-    answer = agent.stop(run_id, 0.5)
+    answer = host_client.stop(run_id, 0.5)
     assert answer["exits"]["0"]["signal"] == signal.SIGKILL
     assert not alive(state["ranks"]["0"]["pid"])
 
 
-def test_stop_works_when_the_supervisor_was_killed(agent, tmp_path):
+def test_stop_works_when_the_supervisor_was_killed(host_client, tmp_path):
     run_id = "20261130-000000-0012"
-    state = start_sleepers(agent, tmp_path, run_id, grace=1.0)
+    state = start_sleepers(host_client, tmp_path, run_id, grace=1.0)
     os.kill(state["supervisor"]["pid"], signal.SIGKILL)
     time.sleep(0.2)
     pids = [state["ranks"][str(r)]["pid"] for r in range(2)]
     assert all(alive(p) for p in pids)  # ranks do not depend on their supervisor
-    agent.stop(run_id, 1.0)
+    host_client.stop(run_id, 1.0)
     assert not any(alive(p) for p in pids)
-    status = agent.status(run_id)
+    status = host_client.status(run_id)
     assert status["done"] and all(r["exit"] for r in status["ranks"].values())
 
 
-def test_stop_also_ends_processes_that_left_the_group(agent, tmp_path):
+def test_stop_also_ends_processes_that_left_the_group(host_client, tmp_path):
     run_id = "20261130-000000-0013"
     escapee = tmp_path / "escapee.pid"
     code = ("import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
             f"time.sleep(60)'], start_new_session=True); open({str(escapee)!r}, 'w').write(str(p.pid)); time.sleep(60)")
-    start_sleepers(agent, tmp_path, run_id, code=code, n=1, grace=0.5)
+    start_sleepers(host_client, tmp_path, run_id, code=code, n=1, grace=0.5)
     for _ in range(100):
         if escapee.exists() and escapee.read_text():
             break
         time.sleep(0.05)
     pid = int(escapee.read_text())
     assert alive(pid)
-    agent.stop(run_id, 0.5)
+    host_client.stop(run_id, 0.5)
     time.sleep(0.2)
     assert not alive(pid)
 
 
-def test_follow_streams_logs_by_offset_then_exits(agent, tmp_path):
+def test_follow_streams_logs_by_offset_then_exits(host_client, tmp_path):
     run_id = "20261130-000000-0020"
     code = "import sys; [print('line', i) for i in range(1000)]; sys.stdout.buffer.write(b'\\xff raw'); sys.exit(3)"
-    start_sleepers(agent, tmp_path, run_id, code=code, n=1)
-    stream = agent.follow(run_id, {0: 0})
+    start_sleepers(host_client, tmp_path, run_id, code=code, n=1)
+    stream = host_client.follow(run_id, {0: 0})
     data, exit_rec = b"", None
     while True:
         frame = stream.next(10)
@@ -174,38 +143,38 @@ def test_follow_streams_logs_by_offset_then_exits(agent, tmp_path):
     stream.close()
     assert data == b"".join(b"line %d\n" % i for i in range(1000)) + b"\xff raw"
     assert exit_rec["exit_code"] == 3 and not exit_rec["stopped"]
-    resumed = agent.follow(run_id, {0: len(data) - 7}, once=True)
+    resumed = host_client.follow(run_id, {0: len(data) - 7}, once=True)
     frame = resumed.next(10)
     assert (frame.kind, frame.offset, frame.payload) == ("L", len(data) - 7, data[-7:])
     resumed.close()
 
 
-def test_supervisor_stops_the_hosts_other_ranks_when_one_fails(agent, tmp_path):
+def test_supervisor_stops_the_hosts_other_ranks_when_one_fails(host_client, tmp_path):
     run_id = "20261130-000000-0030"
-    agent.push_only(run_id, project(tmp_path, {"job.py": b"x"}))
+    host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False)
     ranks = [(0, [sys.executable, "-c", "import time; time.sleep(60)"]), (1, [sys.executable, "-c", "raise SystemExit(7)"])]
-    agent.start(run_id, spec(run_id, ranks, grace=1.0))
+    host_client.start(run_id, spec(run_id, ranks, grace=1.0))
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not agent.status(run_id)["done"]:
+    while time.monotonic() < deadline and not host_client.status(run_id)["done"]:
         time.sleep(0.1)
-    ranks = agent.status(run_id)["ranks"]
+    ranks = host_client.status(run_id)["ranks"]
     assert ranks["1"]["exit"]["exit_code"] == 7 and not ranks["1"]["exit"]["stopped"]
     assert ranks["0"]["exit"]["stopped"] and ranks["0"]["exit"]["signal"] == signal.SIGTERM
 
 
-def test_a_rank_that_cannot_start_gets_exit_127(agent, tmp_path):
+def test_a_rank_that_cannot_start_gets_exit_127(host_client, tmp_path):
     run_id = "20261130-000000-0031"
-    agent.push_only(run_id, project(tmp_path, {"job.py": b"x"}))
-    agent.start(run_id, spec(run_id, [(0, ["/nonexistent/python", "x.py"])]))
-    status = agent.status(run_id)
+    host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False)
+    host_client.start(run_id, spec(run_id, [(0, ["/nonexistent/python", "x.py"])]))
+    status = host_client.status(run_id)
     assert status["ranks"]["0"]["exit"]["exit_code"] == 127
     log = (tmp_path / "work" / "runs" / run_id / "rank-0.log").read_text()
     assert "cannot start rank 0 (/nonexistent/python)" in log
 
 
-def test_free_port_and_probe(agent):
-    assert 1024 <= agent.free_port() <= 65535
-    facts = agent.probe()
+def test_free_port_and_the_push_facts(host_client, tmp_path):
+    assert 1024 <= host_client.free_port() <= 65535
+    facts = host_client.push("20261130-000000-0060", project(tmp_path, {"job.py": b"x"}), hold=False).facts
     assert facts["python"] == ".".join(map(str, sys.version_info[:3]))
 
 
@@ -215,35 +184,45 @@ def test_missing_python_is_named(tmp_path):
     host = replace(make_host(tmp_path / "w"), python=str(tmp_path / "no-python"))
     a = HostClient(host, LocalTransport("here"), Timeouts(command=5))
     with pytest.raises(RemoteCommandError) as info:
-        a.probe()
+        a.free_port()
     assert "no-python" in str(info.value)
 
 
-def test_cat_reads_only_inside_the_job_folder(agent, tmp_path):
+def test_cat_reads_only_inside_the_job_folder(host_client, tmp_path):
     run_id = "20261130-000000-0040"
-    agent.push_only(run_id, project(tmp_path, {"job.py": b"x", "out/metrics.json": b'{"ok": 1}'}))
-    assert agent.read_file(run_id, "out/metrics.json") == b'{"ok": 1}'
+    host_client.push(run_id, project(tmp_path, {"job.py": b"x", "out/metrics.json": b'{"ok": 1}'}), hold=False)
+    assert host_client.read_file(run_id, "out/metrics.json") == b'{"ok": 1}'
     with pytest.raises(RemoteCommandError, match="outside the run's job folder"):
-        agent.read_file(run_id, "../spec.json")
+        host_client.read_file(run_id, "../spec.json")
     with pytest.raises(RemoteCommandError, match="cannot read out/missing.json"):
-        agent.read_file(run_id, "out/missing.json")
+        host_client.read_file(run_id, "out/missing.json")
 
 
-def test_a_controller_gone_before_the_answer_leaves_no_run_folder(agent, tmp_path):
+def test_a_controller_gone_before_the_answer_leaves_no_run_folder(host_client, tmp_path):
     """The push's first answer meets a closed pipe (the controller died just then): the run folder the
     host had just made must go again."""
     import json as _json
     import struct
     import subprocess
 
-    agent.free_port()  # installs the host program
+    host_client.free_port()  # installs the host program
     m = project(tmp_path, {"job.py": b"x", "data/a.bin": os.urandom(1000)})
     wire = _json.dumps({**m.wire(), "hold": True}).encode()
     run_id = "20261130-000000-0050"
-    proc = subprocess.Popen(agent.argv("receive", run_id), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(host_client.argv("receive", run_id), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     proc.stdout.close()  # nobody will read the answer
     proc.stdin.write(struct.pack(">I", len(wire)) + wire)
     proc.stdin.close()
     assert proc.wait(20) != 0
     assert not (tmp_path / "work" / "runs" / run_id).exists()
+
+
+def test_the_stop_answer_carries_the_hosts_clock(host_client, tmp_path):
+    run_id = "20261130-000000-0070"
+    host_client.push(run_id, project(tmp_path, {"job.py": b"import time; time.sleep(30)\n"}), hold=False)
+    host_client.start(run_id, spec(run_id, [(0, [sys.executable, "job.py"])]))
+    before = time.time()
+    answer = host_client.stop(run_id, 1.0)
+    assert before - 1 <= answer["now"] <= time.time() + 1
+    assert answer["exits"]["0"]["stopped"] is True

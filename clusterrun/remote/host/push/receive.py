@@ -19,12 +19,13 @@ import shutil
 import socket
 import sys
 
+from ..disk.lock import LOCK_WAIT, cache_lock, hold_receiving
+from ..net import free_port, listener
+from ..run.start import start_run
+from ..wire import CHUNK, Fail, read_msg, send_msg
 from . import relay
 from .cache import CacheIndex, object_path, safe_rel
-from .clean import LOCK_WAIT, cache_lock, hold_receiving
-from .common import CHUNK, Fail, free_port, read_msg, send_msg
-from .setup import run_setup
-from .supervise import start_run
+from .job_setup import run_setup
 
 
 def host_facts(port, master_addr):
@@ -127,9 +128,9 @@ class Push:
             send_msg(refusal)
             return 1
         ipv6 = ":" in manifest.get("master_addr", "")
-        server = relay.listener(ipv6) if manifest.get("relay") else None
+        server = listener(ipv6) if manifest.get("relay") else None
         if manifest.get("coordinator"):  # bound now, inherited by the supervisor: every host can start at once
-            self.coordinator = relay.listener(ipv6)
+            self.coordinator = listener(ipv6)
         send_msg({"missing": [sha for sha, _, _ in missing], "missing_objects": missing, "repaired": self.repaired,
                   "port": free_port() if manifest.get("free_port") else None,
                   "relay_port": server.getsockname()[1] if server else None,
@@ -165,21 +166,11 @@ class Push:
         wants while they arrive. Whatever fails on the relay path, the rest comes from the controller."""
         want = {(sha, bool(exe)): [sha, size, exe] for sha, size, exe in missing}
         done = set()
-        run, down = os.path.basename(self.run_dir), conf.get("downstream")
-        if down:
-            try:
-                self.downstream = relay.connect_downstream(down["addr"], down["port"], conf["token"], run,
-                                                           down["node"], conf["wait"])
-            except relay.RelayError as exc:
-                self.relay_notes.append("next host %s: %s" % (down["name"], exc))
-        forward = {(sha, bool(exe)) for sha, _, exe in down["objects"]} if self.downstream else set()
+        run = os.path.basename(self.run_dir)
+        forward = self._open_downstream(conf, run)
         source = self.source
         try:
-            if conf["from"] == "controller":
-                self.expect = sum(size for _, size, _ in conf["objects"])
-            else:
-                source = relay.SocketSource(relay.accept_upstream(server, conf["token"], run, conf["node"],
-                                                                  conf["wait"]), conf["timeout"])
+            source = self._relay_source(conf, server, run)
             for sha, size, exe in conf["objects"]:
                 key = (sha, bool(exe))
                 keep = key in want and key not in done
@@ -187,18 +178,42 @@ class Push:
                 if keep:
                     done.add(key)
         except relay.RelayError as exc:
-            self.close_downstream()  # the hosts after this one fall back too, at once
-            rest = [obj for key, obj in want.items() if key not in done]
-            self.relay_notes.append("from the upstream host: %s" % exc)
-            send_msg({"relay_failed": str(exc), "need": [sha for sha, _, _ in rest]})
-            self.expect = sum(size for _, size, _ in rest)
-            for sha, size, exe in rest:
-                self.receive_object(sha, size, exe, self.source)
+            self._relay_failed(exc, [obj for key, obj in want.items() if key not in done])
         finally:
             self.close_downstream()
             if source is not self.source:
                 self.relayed = source.bytes
                 source.close()
+
+    def _open_downstream(self, conf, run):
+        """Connect to the next host of the chain, if there is one; the keys of the objects to pass on to it
+        (none when it cannot be reached: it falls back on its own)."""
+        down = conf.get("downstream")
+        if down:
+            try:
+                self.downstream = relay.connect_downstream(down["addr"], down["port"], conf["token"], run,
+                                                           down["node"], conf["wait"])
+            except relay.RelayError as exc:
+                self.relay_notes.append("next host %s: %s" % (down["name"], exc))
+        return {(sha, bool(exe)) for sha, _, exe in down["objects"]} if self.downstream else set()
+
+    def _relay_source(self, conf, server, run):
+        """Where the chain's stream comes from: the controller's stdin (the chain's first host), or the
+        upstream host once it connected and proved it belongs to this push."""
+        if conf["from"] == "controller":
+            self.expect = sum(size for _, size, _ in conf["objects"])
+            return self.source
+        return relay.SocketSource(relay.accept_upstream(server, conf["token"], run, conf["node"], conf["wait"]),
+                                  conf["timeout"])
+
+    def _relay_failed(self, exc, rest):
+        """The relay path failed: tell the controller, which sends the rest (the objects not kept yet)."""
+        self.close_downstream()  # the hosts after this one fall back too, at once
+        self.relay_notes.append("from the upstream host: %s" % exc)
+        send_msg({"relay_failed": str(exc), "need": [sha for sha, _, _ in rest]})
+        self.expect = sum(size for _, size, _ in rest)
+        for sha, size, exe in rest:
+            self.receive_object(sha, size, exe, self.source)
 
     def close_downstream(self):
         if self.downstream is not None:

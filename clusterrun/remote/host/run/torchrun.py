@@ -20,8 +20,9 @@ import signal
 import subprocess
 import time
 
-from .common import job_dir, read_json
-from .procs import same_process, start_ticks
+from ..files import read_json
+from ..paths import job_dir
+from ..procs import same_process, start_ticks
 from .supervisor import Supervisor
 
 LAUNCHER_LOG = "launcher.log"
@@ -119,24 +120,35 @@ class TorchrunSupervisor(Supervisor):
     def finish(self, rc, now):
         stopping = self.stopping_since is not None
         if not self.ranks:  # no worker ever started: the ranks expected here end with torchrun
-            error = launcher_error(self.run_dir) or "torchrun exited with %s" % rc
-            for r in self.spec["ranks"]:
-                self.record(r["rank"], exit_code=rc if rc >= 0 else None, signal=-rc if rc < 0 else None,
-                            ended_at=now, started_at=self.launcher.get("started_at"), stopped=stopping,
-                            error="" if rc == 0 else error)
+            self._end_expected(rc, now, stopping)
             return
         for key, reg in sorted(self.ranks.items()):
             if int(reg.get("restart") or 0) != self.restarts:
                 continue  # ran in an earlier round only (the world changed since)
-            res = read_json(os.path.join(self.workers, "rank-%s.result" % key)) or {}
-            if int(res.get("restart", -1)) != self.restarts:
-                res = {"exit_code": None, "signal": signal.SIGKILL, "stopped": stopping,
-                       "error": "" if stopping else "the worker ended without a word (killed with torchrun?)"}
-            stopped = res.get("exit_code") != 0 and (bool(res.get("stopped")) or stopping)
-            self.record(int(key), exit_code=res.get("exit_code"), signal=res.get("signal"),
-                        ended_at=res.get("ended_at", now), started_at=reg.get("started_at"), stopped=stopped,
-                        error="" if stopped else res.get("error") or "", traceback=res.get("traceback") or "",
-                        restarts=self.restarts, local_rank=reg.get("local_rank"))
+            self._record_worker(key, reg, self._worker_result(key, stopping), now, stopping)
+
+    def _end_expected(self, rc, now, stopping):
+        """Every rank expected here ends as torchrun did, with torchrun's error."""
+        error = launcher_error(self.run_dir) or "torchrun exited with %s" % rc
+        for r in self.spec["ranks"]:
+            self.record(r["rank"], exit_code=rc if rc >= 0 else None, signal=-rc if rc < 0 else None,
+                        ended_at=now, started_at=self.launcher.get("started_at"), stopped=stopping,
+                        error="" if rc == 0 else error)
+
+    def _worker_result(self, key, stopping):
+        """How a worker of the last round ended, by its own word; killed, where it said nothing."""
+        res = read_json(os.path.join(self.workers, "rank-%s.result" % key)) or {}
+        if int(res.get("restart", -1)) != self.restarts:
+            res = {"exit_code": None, "signal": signal.SIGKILL, "stopped": stopping,
+                   "error": "" if stopping else "the worker ended without a word (killed with torchrun?)"}
+        return res
+
+    def _record_worker(self, key, reg, res, now, stopping):
+        stopped = res.get("exit_code") != 0 and (bool(res.get("stopped")) or stopping)
+        self.record(int(key), exit_code=res.get("exit_code"), signal=res.get("signal"),
+                    ended_at=res.get("ended_at", now), started_at=reg.get("started_at"), stopped=stopped,
+                    error="" if stopped else res.get("error") or "", traceback=res.get("traceback") or "",
+                    restarts=self.restarts, local_rank=reg.get("local_rank"))
 
     def groups(self, stopping):
         if self.proc is None:

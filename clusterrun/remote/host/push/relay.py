@@ -30,14 +30,6 @@ class RelayError(Exception):
     """The relay path failed here (unreachable, refused, wrong token, cut off): fall back to a direct push."""
 
 
-def listener(ipv6=False):
-    sock = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("::" if ipv6 else "", 0))
-    sock.listen(4)
-    return sock
-
-
 def _mac(token, side, nonce, run, node):
     return hmac.new(token.encode(), b"|".join([side, nonce, run.encode(), str(node).encode()]),
                     hashlib.sha256).digest()

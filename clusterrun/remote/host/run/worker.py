@@ -93,15 +93,39 @@ def main(argv):
     workers = os.path.join(run_dir, "workers")
     os.makedirs(workers, 0o700, exist_ok=True)
     log = os.path.join(run_dir, "rank-%d.log" % rank)
+    since = _output_to(log)
+    started = time.time()
+    write_json_atomic(os.path.join(workers, "rank-%d.json" % rank), {
+        "rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "restart": restart, "pid": os.getpid(),
+        "pgid": os.getpgid(0), "ticks": start_ticks(os.getpid()), "started_at": started})
+    pid = _spawn(entry)
+    forwarded = _forward_signals(pid)
+    code = _wait_exit_code(pid)
+    message, trace = ("", "")
+    if code != 0:
+        message, trace = last_exception(log, since)
+        write_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"), message or "exit code %d" % code, trace)
+    write_json_atomic(os.path.join(workers, "rank-%d.result" % rank), {
+        "rank": rank, "restart": restart, "exit_code": code if code >= 0 else None,
+        "signal": -code if code < 0 else None, "stopped": bool(forwarded), "error": message, "traceback": trace,
+        "started_at": started, "ended_at": time.time()})
+    if code < 0:  # end the way the child did, so torchrun sees the same signal
+        _die_by(-code)
+    return code if code >= 0 else 128 - code
+
+
+def _output_to(log):
+    """This process's stdout and stderr (and so the child's) appended to the log; the log's size before."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     since = os.fstat(fd).st_size
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    started = time.time()
-    write_json_atomic(os.path.join(workers, "rank-%d.json" % rank), {
-        "rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "restart": restart, "pid": os.getpid(),
-        "pgid": os.getpgid(0), "ticks": start_ticks(os.getpid()), "started_at": started})
+    return since
+
+
+def _spawn(entry):
+    """The child that runs `python -u ENTRY...`; it dies with this process."""
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
@@ -113,6 +137,11 @@ def main(argv):
         except OSError as exc:
             os.write(2, ("clusterrun: cannot run %s: %s\n" % (sys.executable, exc)).encode())
             os._exit(127)
+    return pid
+
+
+def _forward_signals(pid):
+    """Pass FORWARDED signals on to the child; the list of those that came (any: the child was stopped)."""
     forwarded = []
 
     def forward(signum, frame):
@@ -124,6 +153,11 @@ def main(argv):
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    return forwarded
+
+
+def _wait_exit_code(pid):
+    """The child's exit code once it ended; minus the signal that ended it."""
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -133,23 +167,16 @@ def main(argv):
             break
         except InterruptedError:
             continue
-    code = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else \
+    return os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else \
         (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status))
-    message, trace = ("", "")
-    if code != 0:
-        message, trace = last_exception(log, since)
-        write_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"), message or "exit code %d" % code, trace)
-    write_json_atomic(os.path.join(workers, "rank-%d.result" % rank), {
-        "rank": rank, "restart": restart, "exit_code": code if code >= 0 else None,
-        "signal": -code if code < 0 else None, "stopped": bool(forwarded), "error": message, "traceback": trace,
-        "started_at": started, "ended_at": time.time()})
-    if code < 0:  # end the way the child did, so torchrun sees the same signal
-        for sig in FORWARDED:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-        time.sleep(1)
-    return code if code >= 0 else 128 - code
+
+
+def _die_by(signum):
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    time.sleep(1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,89 @@
+"""What the registry hands out: frozen records of a run, its hosts and its finished attempts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..outcome import RankResult
+from ..states import Cleanup, HostState, RunState
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One finished attempt of a run that restarts (job.restarts): where it ran and how it ended."""
+
+    attempt: int
+    started_at: Optional[float]
+    ended_at: Optional[float]
+    hosts: Tuple[str, ...]
+    world_size: int
+    state: RunState
+    exit_code: Optional[int]
+    reason: str
+    dropped: Tuple[str, ...]  # hosts of the attempt before that this one went on without, with why
+    plan: Dict[str, Any]
+    ranks: Tuple[RankResult, ...]
+
+    def to_json(self) -> dict:
+        return {"attempt": self.attempt, "started_at": self.started_at, "ended_at": self.ended_at,
+                "hosts": list(self.hosts), "world_size": self.world_size, "state": self.state.value,
+                "exit_code": self.exit_code, "reason": self.reason, "dropped": list(self.dropped),
+                "ranks": [r.to_json() for r in self.ranks]}
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    node_rank: int
+    name: str
+    state: HostState
+    cleanup: Optional[Cleanup]  # pending: clusterrun still owes this host a stop
+    error: Optional[str]
+    supervisor_pid: Optional[int]
+    pushed_bytes: Optional[int]
+    push_seconds: Optional[float]
+    restarts: int = 0  # launcher torchrun: how often it restarted this host's workers
+    relayed_bytes: int = 0  # relay push: object bytes this host got from another host, not from the controller
+
+    def to_json(self) -> dict:
+        return {"node_rank": self.node_rank, "name": self.name, "state": self.state.value,
+                "cleanup": self.cleanup.value if self.cleanup else None, "error": self.error,
+                "supervisor_pid": self.supervisor_pid, "pushed_bytes": self.pushed_bytes,
+                "push_seconds": self.push_seconds, "restarts": self.restarts, "relayed_bytes": self.relayed_bytes}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    created_at: float
+    inventory: str
+    snapshot: Dict[str, Any]
+    plan: Dict[str, Any]
+    state: RunState
+    exit_code: Optional[int]
+    reason: Optional[str]
+    ended_at: Optional[float]
+    controller: Optional[Dict[str, Any]]
+    detached: bool
+    phases: Dict[str, float]  # seconds per phase of the launch: connect, push, start, run
+    hosts: Tuple[HostRecord, ...]
+    ranks: Tuple[RankResult, ...]  # the current (last) attempt's
+    attempt: int = 0
+    restarts: int = 0  # how many attempts after the first the run may have
+    attempts: Tuple[AttemptRecord, ...] = ()  # the finished ones before the current
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal
+
+    @property
+    def cleanup_pending(self) -> List[str]:
+        return [h.name for h in self.hosts if h.cleanup is Cleanup.PENDING]
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "state": self.state.value, "exit_code": self.exit_code, "reason": self.reason,
+                "created_at": self.created_at, "ended_at": self.ended_at, "inventory": self.inventory,
+                "detached": self.detached, "phases": self.phases, "hosts": [h.to_json() for h in self.hosts],
+                "ranks": [r.to_json() for r in self.ranks], "cleanup_pending": self.cleanup_pending,
+                "attempt": self.attempt, "restarts": self.restarts,
+                "attempts": [a.to_json() for a in self.attempts]}

@@ -1,0 +1,47 @@
+"""Locks on this host's workdir: the content cache's (shared by pushes, exclusive by a sweep) and the
+receiving end's mark on a run folder it is making (`clean` leaves such a folder alone)."""
+
+import fcntl
+import os
+import time
+
+LOCK_WAIT = 60.0  # how long a sweep waits for pushes in flight to finish with the cache
+
+
+def cache_lock(workdir, exclusive, wait):
+    """An open lock file on the cache, held (shared by pushes, exclusive by a sweep); None when the wait
+    ran out. Closing the file releases it."""
+    folder = os.path.join(workdir, "cache")
+    os.makedirs(folder, 0o700, exist_ok=True)
+    fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.02)
+
+
+def hold_receiving(run_dir):
+    """The receiving end's mark on a run folder it is making: an exclusive lock kept until it exits."""
+    fd = os.open(os.path.join(run_dir, ".receiving"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def being_received(run_dir):
+    try:
+        fd = os.open(os.path.join(run_dir, ".receiving"), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)

@@ -1,0 +1,36 @@
+"""Where a run's files are on this host: WORKDIR/runs/RUN (attempt K of a run in RUN/attempt-K, sharing
+RUN/job), and the per-rank log and exit files in each."""
+
+import os
+
+ATTEMPT_PREFIX = "attempt-"
+
+
+def run_root(run_dir):
+    """The run's own folder: attempt K of a run (job.restarts) lives in RUN/attempt-K and shares RUN's job."""
+    name = os.path.basename(run_dir)
+    if name.startswith(ATTEMPT_PREFIX) and name[len(ATTEMPT_PREFIX):].isdigit():
+        return os.path.dirname(run_dir)
+    return run_dir
+
+
+def job_dir(run_dir):
+    return os.path.join(run_root(run_dir), "job")
+
+
+def attempt_dirs(root):
+    """The folders of attempts 1.. of a run, in order."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    found = [n for n in names if n.startswith(ATTEMPT_PREFIX) and n[len(ATTEMPT_PREFIX):].isdigit()]
+    return [os.path.join(root, n) for n in sorted(found, key=lambda n: int(n[len(ATTEMPT_PREFIX):]))]
+
+
+def exit_path(run_dir, rank):
+    return os.path.join(run_dir, "rank-%d.exit" % rank)
+
+
+def log_path(run_dir, rank):
+    return os.path.join(run_dir, "rank-%d.log" % rank)

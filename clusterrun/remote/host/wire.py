@@ -1,0 +1,47 @@
+"""How the host program talks to the controller: a JSON line on stdout for most commands, framed JSON
+messages for the push (4-byte length, then JSON), frames for `follow`, and `Fail` for an expected
+failure, answered as {"error", "kind", "path"}. The controller's side is hosts/wire.py."""
+
+import json
+import struct
+import sys
+
+PROTOCOL = 1
+FRAME = struct.Struct(">cIQI")  # kind, rank, offset, payload length (follow's frames)
+CHUNK = 1 << 20
+
+
+class Fail(Exception):
+    """An expected failure, reported to the controller as JSON {"error", "kind", "path"}."""
+
+    def __init__(self, message, kind="error", path=""):
+        Exception.__init__(self, message)
+        self.kind = kind
+        self.path = path
+
+
+def reply(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def read_exact(stream, n):
+    parts = []
+    while n:
+        chunk = stream.read(min(n, CHUNK))
+        if not chunk:
+            raise Fail("the controller went away during the push", "aborted")
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def read_msg(stream):
+    (n,) = struct.unpack(">I", read_exact(stream, 4))
+    return json.loads(read_exact(stream, n).decode())
+
+
+def send_msg(obj):
+    data = json.dumps(obj).encode()
+    sys.stdout.buffer.write(struct.pack(">I", len(data)) + data)
+    sys.stdout.buffer.flush()
