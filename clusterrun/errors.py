@@ -146,6 +146,13 @@ class StartError(HostError):
     reason = "start failed"
 
 
+class UnsafeWorkdir(HostError):
+    """The host's workdir (or the host program in it) is not the login user's own, or others may write to
+    it: clusterrun will not run code from there (someone else could have planted it)."""
+
+    reason = "unsafe workdir"
+
+
 class PreflightError(HostError):
     """A host is unfit to start the job (launch's preflight): no Python, a full disk, the master port taken."""
 

@@ -22,6 +22,7 @@ import socket
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..errors import UsageError
 from .inventory import Host, Inventory
 
 USER_CONFIG = "~/.ssh/config"
@@ -134,6 +135,7 @@ class _Reader:
         self.values: Dict[str, List[str]] = {}
         self.sources: Dict[str, str] = {}
         self.needs_openssh = ""
+        self.reading: List[str] = []  # the files being read, outermost first (Include nests them)
         if user:
             self.values["user"], self.sources["user"] = [user], "inventory"
         if port:
@@ -144,6 +146,13 @@ class _Reader:
             text = self.read(path)
         except OSError:
             return
+        self.reading.append(os.path.realpath(path))
+        try:
+            self._lines(path, text, active, never, depth, system)
+        finally:
+            self.reading.pop()
+
+    def _lines(self, path: str, text: str, active: bool, never: bool, depth: int, system: bool) -> None:
         for number, raw in enumerate(text.splitlines(), 1):
             line = _split(raw, f"{path}:{number}")
             if line is None:
@@ -158,13 +167,21 @@ class _Reader:
                 self.take(line)
 
     def include(self, line: _Line, active: bool, never: bool, depth: int, system: bool) -> None:
-        if depth >= MAX_INCLUDE_DEPTH:
-            return
+        """As OpenSSH: files nest at most MAX_INCLUDE_DEPTH deep, deeper is an error that stops everything
+        ("Too many recursive configuration includes"); a file that includes one already being read is
+        that error at once (no file is read twice in one chain, so a loop costs nothing)."""
         for arg in line.args:
             path = os.path.expanduser(arg)
             if not os.path.isabs(path):
                 path = os.path.join("/etc/ssh" if system else os.path.join(self.home, ".ssh"), path)
             for found in sorted(glob.glob(path)):
+                if os.path.realpath(found) in self.reading:
+                    raise UsageError(f"{line.where}: Include {arg}: {found} includes itself (through "
+                                     f"{' > '.join(self.reading)}): too many recursive configuration includes, "
+                                     "as ssh says; remove the loop")
+                if depth + 1 > MAX_INCLUDE_DEPTH:
+                    raise UsageError(f"{line.where}: Include {arg}: too many recursive configuration includes "
+                                     f"(more than {MAX_INCLUDE_DEPTH} files deep, where ssh stops too)")
                 self.file(found, active, never, depth + 1, system)
 
     def match(self, line: _Line) -> bool:

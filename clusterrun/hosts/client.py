@@ -14,8 +14,9 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Ty
 
 from ..config.inventory import Host, Timeouts
 from ..errors import (CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, SetupError,
-                      StartError)
-from ..remote import BOOTSTRAP, EXIT_PROGRAM_MISSING, INSTALLER, PROGRAM_ID, SOURCE
+                      StartError, UnsafeWorkdir)
+from ..remote import (BOOTSTRAP, EXIT_PROGRAM_MISSING, EXIT_UNSAFE_WORKDIR, INSTALLER, PROGRAM_ID, SOURCE,
+                      UNSAFE_WORKDIR)
 from ..transport import Stream, StreamClosed, Transport
 from .manifest import Manifest, objects_to_send, read_chunks
 from .relay import RelayGroup
@@ -63,6 +64,8 @@ class HostClient:
 
     def _command_failed(self, what: str, code: Optional[int], stderr: bytes) -> HostError:
         tail = stderr.decode("utf-8", "replace")
+        if code == EXIT_UNSAFE_WORKDIR and UNSAFE_WORKDIR in tail:
+            return self._unsafe_workdir(tail)
         if code == 127 or "not found" in tail[-300:] and code not in (0, 1):
             return RemoteCommandError(self.label, f"cannot run Python {self.host.python!r} on this host",
                                       exit_code=code, output_tail=tail,
@@ -95,6 +98,17 @@ class HostClient:
             raise RemoteCommandError(self.label, f"{command}: {reply['error']}" +
                                      (f" ({reply['path']})" if reply.get("path") else ""), exit_code=done.exit_code)
         raise self._command_failed(f"{command} failed", done.exit_code, done.stderr)
+
+    def _unsafe_workdir(self, tail: str) -> HostError:
+        line = next(ln for ln in tail.splitlines() if ln.startswith(UNSAFE_WORKDIR))
+        _, rest = line.split(" ", 1)
+        path, uid, mode = rest.rsplit(" ", 2)
+        bits = int(mode, 8)
+        why = f"mode {bits:o}: others may write to it" if bits & 0o022 else f"owned by uid {uid}, not the login user"
+        return UnsafeWorkdir(self.label, f"{path} is {why}; clusterrun runs nothing from a folder another user "
+                                         "could have put code in",
+                             hint=f"if {path} is yours: chmod go-w {path}; else point workdir: (hosts[].workdir "
+                                  "or defaults.workdir) at a folder only you can write, e.g. ~/.clusterrun")
 
     # -------------------------------------------------------------- commands
 
@@ -185,7 +199,8 @@ class HostClient:
         try:
             answer = self._offer(stream, {**manifest.wire(), "hold": hold, "free_port": want_port,
                                           "check_port": check_port, "master_addr": master_addr,
-                                          "relay": relay is not None, "coordinator": coordinator})
+                                          "addr": self.host.master_addr, "relay": relay is not None,
+                                          "coordinator": coordinator})
             self._raise_push_error(answer)
             sent = self._send_missing(stream, manifest, answer, relay, progress)
             result = read_msg(stream, timeout)

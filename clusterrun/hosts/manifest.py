@@ -113,9 +113,10 @@ class Excludes:
 
 
 class HashCache:
-    """sha256 of files here, remembered by (size, mtime_ns, inode) in one JSON file (0600)."""
+    """sha256 of files here, remembered by (size, mtime_ns, ctime_ns, inode) in one JSON file (0600): a
+    rewrite that puts size and mtime back cannot put the ctime back."""
 
-    VERSION = 1
+    VERSION = 2
 
     def __init__(self, path: Optional[str]):
         self.path = path
@@ -131,10 +132,10 @@ class HashCache:
                 self._entries = {}
 
     def sha(self, path: str, st: os.stat_result) -> str:
-        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         hit = self._entries.get(path)
-        if hit and hit[:3] == key:
-            return hit[3]
+        if hit and hit[:4] == key:
+            return hit[4]
         digest = hashlib.sha256()
         with open(path, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):

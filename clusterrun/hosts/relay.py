@@ -121,7 +121,7 @@ class RelayGroup:
     def _instructions(self, chain: List[int], j: int) -> dict:
         out = {"from": "controller" if j == 0 else "peer", "objects": [list(o) for o in self._stream(chain[j:])],
                "downstream": None, "token": self.token, "node": j, "wait": self.connect_wait,
-               "timeout": self.silence}
+               "timeout": self.silence, "upstream_addr": self._seats[chain[j - 1]].addr if j else None}
         if j + 1 < len(chain):
             nxt = self._seats[chain[j + 1]]
             out["downstream"] = {"addr": nxt.addr, "port": nxt.port, "node": j + 1, "name": nxt.name,

@@ -30,10 +30,13 @@ def peers(inv: Inventory, plan: LaunchPlan, node: NodePlan, token: str, coordina
     if len(plan.nodes) < 2:
         return {}
     t = inv.timeouts
-    common = {"token": token, "host_lost": t.host_lost, "join_timeout": t.command + t.host_lost}
+    # each end checks the other proves the token; the coordinator lets in only the run's hosts' addresses,
+    # and each supervisor binds (listens or connects from) its own
+    common = {"token": token, "host_lost": t.host_lost, "join_timeout": t.command + t.host_lost,
+              "run": plan.attempt_key, "bind": node.host.master_addr}
     if node.node_rank == 0:
         return {**common, "coordinator": True, "expect": [n.node_rank for n in plan.nodes[1:]],
-                "ipv6": ":" in plan.master_addr}
+                "allow": sorted({n.host.master_addr for n in plan.nodes})}
     if coordinator_port is None:
         return {}
     return {**common, "addr": plan.master_addr, "port": coordinator_port}

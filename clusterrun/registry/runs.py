@@ -251,7 +251,8 @@ class _LogFetch:
         past = None if self.current else next(a for a in self.record.attempts if a.attempt == self.attempt)
         _, self.nodes = nodes_of(self.record, None if past is None else past.plan)
         self.ranks = self.record.ranks if past is None else past.ranks
-        self.events: "queue.Queue" = queue.Queue()
+        # bounded, as a launch's: a slow reader holds the followers (and the SSH window) back, not memory
+        self.events: "queue.Queue" = queue.Queue(maxsize=64)
         self.connected = fan_out(self.nodes, lambda n: connect(n.host), name=lambda n: n.host.name,
                                  thread_name="logs")
         self.clients: Dict[str, HostClient] = self.connected.results

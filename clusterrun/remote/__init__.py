@@ -58,19 +58,29 @@ def __getattr__(name: str):
 
 
 EXIT_PROGRAM_MISSING = 97
+EXIT_UNSAFE_WORKDIR = 96
+UNSAFE_WORKDIR = "clusterrun-unsafe-workdir"  # its line on stderr: the marker, the path, its owner, its mode
 
+# Neither runs code it finds in a workdir (or bin/, or the program's folder) that is not the login user's
+# own or that others may write to: on a shared path another user could have planted it (exit 96).
+_TRUST = (
+    "u=[(p,s) for p in (w,os.path.join(w,'bin'),os.path.join(w,'bin','host-'+sys.argv[2])) "
+    "if os.path.exists(p) for s in [os.stat(p)] if s.st_uid!=os.getuid() or s.st_mode&18];"
+    "u and (sys.stderr.write('" + UNSAFE_WORKDIR + " %s %d %o\\n'%(u[0][0],u[0][1].st_uid,u[0][1].st_mode&4095))"
+    ",sys.exit(96));"
+)
 # One line each (csh and fish also run them): find the program under the workdir and run it, or exit
 # 97 so the controller installs it. The installer checks the content id, then unpacks the zip into a
 # folder of its own (renamed into place), so the host's Python caches its bytecode from the second run on.
 BOOTSTRAP = (
-    "import os,sys,runpy;w=os.path.expanduser(sys.argv[1]);"
+    "import os,sys,runpy;w=os.path.expanduser(sys.argv[1]);" + _TRUST +
     "a=os.path.join(w,'bin','host-'+sys.argv[2]);"
     "os.path.isfile(os.path.join(a,'__main__.py')) or sys.exit(97);"
     "sys.argv=[a,sys.argv[1]]+sys.argv[3:];"
     "runpy.run_path(a,run_name='__main__')"
 )
 INSTALLER = (
-    "import os,sys,io,shutil,hashlib,zipfile;os.umask(0o077);w=os.path.expanduser(sys.argv[1]);"
+    "import os,sys,io,shutil,hashlib,zipfile;os.umask(0o077);w=os.path.expanduser(sys.argv[1]);" + _TRUST +
     "d=os.path.join(w,'bin');os.makedirs(d,0o700,exist_ok=True);b=sys.stdin.buffer.read();"
     "hashlib.sha256(b).hexdigest()[:16]==sys.argv[2] or sys.exit(98);"
     "t=os.path.join(d,'.host-%d.tmp'%os.getpid());zipfile.ZipFile(io.BytesIO(b)).extractall(t);"

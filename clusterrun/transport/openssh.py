@@ -49,6 +49,10 @@ def config_options():
         ours = read_config(alias, user=user, port=port)
         relevant = ours.needs_openssh or any(src not in ("inventory",) for src in ours.sources.values())
         result = ours
+        if ours.needs_openssh and not have_ssh:
+            log.warning("%s: %s can be evaluated by an OpenSSH client only (`ssh`, not found here, or $HOME is "
+                        "not your account's home): clusterrun takes it as not matching; install openssh-client, "
+                        "or give the host's options in the inventory", alias, ours.needs_openssh)
         if have_ssh and relevant:
             try:
                 result = from_openssh(ssh_g(alias, user, port), alias, ours)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import logging
 import socket
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -23,7 +24,12 @@ from ..config.inventory import Timeouts
 from ..config.ssh_config import SshTarget
 from ..errors import AuthError, ConnectError, HostKeyChanged
 from . import Completed, StreamClosed, run_on
+from .proxy import ShellProxyCommand
 from .hostkeys import KnownHosts
+
+# paramiko's transport threads log what they hit (a proxy that died, a banner timeout) as tracebacks; each
+# such failure reaches the user once, as a ConnectError naming the host, not as a second copy from a thread
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 WINDOW = 8 << 20  # a larger channel window keeps a fast log or push stream from stalling on round trips
 _PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
@@ -241,15 +247,33 @@ class Connector:
                 hop_sock = self._open_socket(hop, target.label, via=hops[-1] if hops else None)
                 hops.append(self._handshake(hop, hop_sock, label=hop.label))
             if not target.jumps and target.proxy_command:
-                sock = paramiko.ProxyCommand(target.proxy_command)
-            if sock is None:
-                sock = self._open_socket(target, target.label, via=hops[-1] if hops else None)
+                return SshTransport(target.label, self._through_proxy(target), self.timeouts, hops)
+            sock = self._open_socket(target, target.label, via=hops[-1] if hops else None)
             t = self._handshake(target, sock, label=target.label)
         except BaseException:
             for hop in hops:
                 hop.close()
             raise
         return SshTransport(target.label, t, self.timeouts, hops)
+
+    def _through_proxy(self, target: SshTarget) -> paramiko.Transport:
+        """The SSH session over the config's ProxyCommand; when it fails, what the proxy said is shown."""
+        try:
+            proxy = ShellProxyCommand(target.proxy_command)
+        except OSError as exc:
+            raise ConnectError(target.label, f"cannot run ProxyCommand {target.proxy_command!r}: {exc}") from None
+        try:
+            return self._handshake(target, proxy, label=target.label)
+        except ConnectError as exc:
+            said = proxy.stderr_tail()
+            proxy.close()
+            if said:
+                exc.message += f"; ProxyCommand {target.proxy_command!r} said: {said}"
+                exc.args = (str(exc),)
+            raise
+        except BaseException:
+            proxy.close()
+            raise
 
     def _open_socket(self, target: SshTarget, label: str, via: Optional[paramiko.Transport]):
         timeout = self.timeouts.connect

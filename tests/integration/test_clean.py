@@ -191,3 +191,24 @@ def test_a_full_disk_is_freed_by_clean_and_the_launch_then_succeeds(cr, cluster,
     assert cleaned.returncode == 0, cleaned.stderr
     again = cr.run("launch", inv)
     assert again.returncode == 0, again.stderr
+
+
+def test_a_folder_the_job_made_unreadable_is_removed_too(cr, cluster, tmp_path):
+    """Issue 21: as an ordinary user a folder of mode 000 made rmtree call its error handler with os.open,
+    a TypeError that crashed `clean` (no JSON, the other runs kept, a .removing-* folder left for ever)."""
+    root = tmp_path / "locker"
+    root.mkdir()
+    (root / "lock.py").write_text("import os\nos.makedirs('out/deep')\nopen('out/deep/f', 'w').write('x')\n"
+                                  "os.chmod('out/deep', 0)\nos.chmod('out', 0)\n")
+    inv = cr.inventory(hosts=1, job={"root": str(root), "script": "lock.py", "rank_flags": False},
+                       top={"timeouts": FAST})
+    for _ in range(2):
+        done = cr.run("launch", inv)
+        assert done.returncode == 0, done.stderr
+    runs = [r["id"] for r in cr.ps()]
+    done = cr.run("clean", *runs, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (host,) = json.loads(done.stdout)["hosts"]
+    assert sorted(r["id"] for r in host["removed"]) == sorted(runs) and host["refused"] == []
+    left = host_sh(cluster, "node0", f"ls -A {WORK}/runs").split()
+    assert not set(runs) & set(left) and not [n for n in left if n.startswith(".removing-")], left

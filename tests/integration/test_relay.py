@@ -144,12 +144,13 @@ def test_auto_relays_only_when_it_pays(cr, cluster, tmp_path):
     assert all(h["relayed_bytes"] == 0 and h["pushed_bytes"] > 1 << 20 for h in run["hosts"])
 
 
-RELAY_MODULE = Path(__file__).resolve().parents[2] / "clusterrun" / "remote" / "host" / "push" / "relay.py"
-LISTEN = ("import socket, sys; sys.path.insert(0, '/tmp'); import crrelay; s = socket.socket(); s.bind(('', 0)); "
-          "s.listen(4); "
+HOST_PROGRAM = Path(__file__).resolve().parents[2] / "clusterrun" / "remote" / "host"
+SHIPPED = ("__init__.py", "net/__init__.py", "push/__init__.py", "push/relay.py")  # what relay.py needs
+LISTEN = ("import socket, sys; sys.path.insert(0, '/tmp'); from crhost.push import relay as crrelay; "
+          "s = socket.socket(); s.bind(('', 0)); s.listen(4); "
           "print(s.getsockname()[1], flush=True); c = crrelay.accept_upstream(s, 'the-token', 'run-1', 1, 20); "
           "print('accepted', c.recv(5).decode(), flush=True)")
-KNOCK = ("import sys; sys.path.insert(0, '/tmp'); import crrelay\n"
+KNOCK = ("import sys; sys.path.insert(0, '/tmp'); from crhost.push import relay as crrelay\n"
          "try:\n    c = crrelay.connect_downstream(sys.argv[1], int(sys.argv[2]), sys.argv[3], 'run-1', 1, 5)\n"
          "except crrelay.RelayError as e:\n    print('refused:', e)\nelse:\n    c.sendall(b'hello'); print('in')\n")
 
@@ -158,8 +159,11 @@ def test_a_wrong_token_is_refused_and_the_real_upstream_still_gets_in(cluster, s
     """The host program's relay handshake between real hosts: node1 listens for its upstream; node0 knocks
     with the wrong token (refused on both ends, nothing read), then node2 with the right one."""
     for host in ("node0", "node1", "node2"):
-        rc, _, err = cluster.exec(host, ["sh", "-c", "cat > /tmp/crrelay.py"], input=RELAY_MODULE.read_text())
-        assert rc == 0, err
+        for rel in SHIPPED:
+            rc, _, err = cluster.exec(host, ["sh", "-c", f"mkdir -p /tmp/crhost/{Path(rel).parent} && "
+                                                         f"cat > /tmp/crhost/{rel}"],
+                                      input=(HOST_PROGRAM / rel).read_text())
+            assert rc == 0, err
     listener = ssh("node1").spawn(f"/opt/venv/bin/python -c {shlex.quote(LISTEN)}")
     port = listener.readline(timeout=20).strip()
     assert port.isdigit(), port
@@ -171,4 +175,4 @@ def test_a_wrong_token_is_refused_and_the_real_upstream_still_gets_in(cluster, s
     assert listener.readline(timeout=20).strip() == "accepted hello"
     assert listener.wait(timeout=20)[0] == 0
     for host in ("node0", "node1", "node2"):
-        cluster.exec(host, ["rm", "-f", "/tmp/crrelay.py"])
+        cluster.exec(host, ["rm", "-rf", "/tmp/crhost"])

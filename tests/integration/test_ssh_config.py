@@ -1,5 +1,6 @@
 """~/.ssh/config aliases and ProxyJump (fabric's gateway: a direct-tcpip channel through the jump host)."""
 
+import json
 import subprocess
 
 import pytest
@@ -141,3 +142,45 @@ Match originalhost viaexec exec "test -d /"
     done = cr.run("launch", inv)
     assert done.returncode == 0, done.stderr
     assert "[x r0] worker rank 0/1 on node1" in done.stdout
+
+
+BRIDGE = ("import os, select, socket, sys; s = socket.create_connection((sys.argv[1], int(sys.argv[2]))); "
+          "fds = [0, s.fileno()]\n"
+          "while True:\n"
+          "    for fd in select.select(fds, [], [])[0]:\n"
+          "        data = os.read(fd, 65536)\n"
+          "        if not data: sys.exit(0)\n"
+          "        (s.sendall if fd == 0 else lambda d: os.write(1, d))(data)\n")
+
+
+def test_proxycommand_runs_through_the_shell_and_a_failing_one_says_why(cr, cluster, tmp_path):
+    """Issue 21: ProxyCommand went to execvp without a shell (a `$(...)` or a pipe broke it) and its stderr
+    was never read; now it runs as OpenSSH runs it (sh -c "exec ..."), and what it printed is in the error."""
+    import sys
+
+    bridge = tmp_path / "bridge.py"
+    bridge.write_text(BRIDGE)
+    config = tmp_path / "ssh_config"
+    config.write_text(f"""\
+Host viaproxy
+    HostName {cluster.host('node1').address}
+    User cr
+    IdentityFile {cluster.key_path}
+    ProxyCommand {sys.executable} {bridge} %h $(echo %p)
+Host broken
+    HostName {cluster.host('node2').address}
+    User cr
+    IdentityFile {cluster.key_path}
+    ProxyCommand echo "proxy: no route to %h" >&2; exit 3
+""")
+    cr.env["CLUSTERRUN_SSH_CONFIG"] = str(config)
+    inv = cr.inventory(edit_hosts=lambda hosts: hosts.__setitem__(slice(None), [{"name": "p", "host": "viaproxy"}]))
+    done = cr.run("exec", inv, "--", "hostname")
+    assert done.returncode == 0 and "node1" in done.stdout, done.stdout + done.stderr
+    inv = cr.inventory("bad.yaml", edit_hosts=lambda hosts: hosts.__setitem__(slice(None),
+                                                                            [{"name": "b", "host": "broken"}]))
+    done = cr.run("exec", inv, "--json", "--", "hostname")
+    assert done.returncode == 3, done.stdout + done.stderr
+    (answer,) = json.loads(done.stdout)
+    assert f"said: proxy: no route to {cluster.host('node2').address}" in answer["error"], answer
+    assert "Traceback" not in done.stderr  # paramiko's threads no longer print their own copy

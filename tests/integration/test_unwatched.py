@@ -77,6 +77,32 @@ def test_the_same_after_the_controller_is_killed(cr, cluster):
     assert_everything_stops_after_rank2(cr, cluster)
 
 
+def test_rank0s_host_frozen_with_no_controller_stops_the_others_after_host_lost(cr, cluster):
+    """Issue 21: a silent coordinator was never noticed (only a closed socket): with rank 0's host frozen
+    (`docker pause`: TCP open, nothing answers) and no controller, the other hosts ran on until TCP gave
+    up (~15 min). They stop after host_lost now (heartbeats both ways), and say why."""
+    inv = cr.inventory(job={"args": ["--steps", "100000", "--step-time", "0.2"]}, top={"timeouts": FAST})
+    assert cr.run("launch", "--detach", inv).returncode == 0
+    wait_for(lambda: all_stepping(cr), timeout=120, what="every rank stepping")
+    run_id = cr.ps()[0]["id"]
+    cluster.pause("node0")
+    t0 = time.monotonic()
+    try:
+        others = ("node1", "node2", "node3")
+        wait_for(lambda: all(workers(cluster, h) == [] for h in others), timeout=HOST_LOST + GRACE + SLACK,
+                 every=0.2, what="the ranks on node1-3 to stop")
+        took = time.monotonic() - t0
+        print(f"\nnode1-3 stopped {took:.1f} s after node0 froze (bound host_lost + grace = {HOST_LOST + GRACE} s)")
+        assert took >= HOST_LOST - 1, took  # not before the coordinator had been silent for host_lost
+        rc, out, _ = cluster.exec("node2", ["cat", f"/home/cr/.clusterrun/runs/{run_id}/rank-2.exit"])
+        assert rc == 0 and "lost contact with rank 0's host" in out, out
+    finally:
+        cluster.unpause("node0")
+    # node0 wakes to peers that are gone: its supervisor counts them lost and stops its own rank
+    wait_for(lambda: workers(cluster, "node0") == [], timeout=HOST_LOST + GRACE + SLACK + 10, every=0.2,
+             what="node0's rank to stop once it wakes")
+
+
 def test_a_detached_time_limit_ends_the_run_with_exit_4(cr, cluster):
     inv = cr.inventory(job={"args": ["--steps", "100000", "--step-time", "0.2"], "time_limit": "10s"},
                        top={"timeouts": FAST})

@@ -194,3 +194,31 @@ def test_two_nodes_on_one_machine_run_a_torchrun_style_script(tmp_path, cr_home,
             assert words[1] == rank and words[7] == host and words[9] == "10" and words[11] == "3", line
             seen[int(rank)] = host
     assert sorted(seen) == [0, 1, 2, 3] and sorted(seen.values()) == ["left", "left", "right", "right"]
+
+
+def test_a_torchrun_workers_traceback_leaves_no_secret_on_the_host(tmp_path, cr_home, monkeypatch):
+    """Issue 21: under torchrun, workers/rank-R.result and torch's error file kept the failing worker's
+    traceback unmasked. After the run, no file of the run folder (but the pushed job) holds the value."""
+    (tmp_path / "leak.py").write_text("import os\nraise RuntimeError('cannot log in with ' + os.environ['API_TOKEN'])\n")
+    (tmp_path / "inv.yaml").write_text(textwrap.dedent(f"""\
+        version: 1
+        defaults: {{connection: local, env: {{OMP_NUM_THREADS: "1"}}}}
+        hosts: [{{name: here, slots: 1, workdir: {tmp_path}/work}}]
+        master: {{port: auto}}
+        secrets: [API_TOKEN]
+        job: {{script: leak.py, launcher: torchrun, rank_flags: false}}
+        timeouts: {{grace: 3s}}
+        """))
+    secret = "tok-" + os.urandom(6).hex()
+    monkeypatch.setenv("API_TOKEN", secret)
+    done = subprocess.run(CLI + ["launch", str(tmp_path / "inv.yaml")], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert secret not in done.stdout + done.stderr
+    run_dir = next((tmp_path / "work" / "runs").iterdir())
+    checked = [p for p in run_dir.rglob("*") if p.is_file() and "job" not in p.relative_to(run_dir).parts]
+    assert any(p.name.endswith(".result") for p in checked)  # the worker's record is there, and was checked
+    assert any("torchelastic" in p.parts for p in checked)  # so is torch's error file, under the run folder
+    leaked = [str(p) for p in checked if secret.encode() in p.read_bytes()]
+    assert leaked == []
+    assert b"RuntimeError: cannot log in with ****" in (run_dir / "rank-0.log").read_bytes()

@@ -109,3 +109,34 @@ def test_host_removes_finished_runs_and_collects_exactly_the_unlinked_objects(ho
     own = hashlib.sha256(b"own 0" * 1000).hexdigest()
     assert own not in shas and hashlib.sha256(shared).hexdigest() in shas  # the index was compacted
     host_client.stop(running, 0.5)
+
+
+def test_clean_finishes_what_an_earlier_clean_left_and_modes_a_job_took_away(host_client, tmp_path):
+    """Issue 21: a .removing-* folder an earlier clean left (killed halfway) is collected; folders a job made
+    mode 000 go too (as root here; tests/integration/test_clean.py has the same as an ordinary user)."""
+    work = tmp_path / "work"
+    ids = ["20261201-000000-0011", "20261201-000000-0012"]
+    for run_id in ids:
+        host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False)
+        host_client.start(run_id, spec(run_id, [(0, [sys.executable, "-c", "import os; os.makedirs('out/deep'); "
+                                                                          "open('out/deep/f', 'w').write('x'); "
+                                                                          "os.chmod('out', 0)"])]))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and sum(r["status"] == "finished" for r in host_client.runs()["runs"]) < 2:
+        time.sleep(0.1)
+    leftover = work / "runs" / ".removing-20261201-000000-0001-99999"  # what a clean killed halfway left
+    (leftover / "sub").mkdir(parents=True)
+    (leftover / "sub").chmod(0)
+    answer = host_client.clean({"remove": ids})
+    assert sorted(r["id"] for r in answer["removed"]) == ids and answer["refused"] == []
+    assert sorted(os.listdir(work / "runs")) == []
+
+
+def test_the_sweep_collects_objects_a_killed_push_left_half_written(host_client, tmp_path):
+    host_client.push("20261201-000000-0031", project(tmp_path, {"job.py": b"x"}), hold=False)
+    cache = tmp_path / "work" / "cache" / "objects"
+    partial = cache / "ab" / ("ab" * 32 + ".tmp-424242")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(b"half")
+    host_client.clean({"remove": [], "cache": True})
+    assert not partial.exists()

@@ -1,6 +1,7 @@
 """The host program (remote/host/) driven through the local transport: push by content hash,
 detached start, following by offset, stop by recorded process group. Real processes, no network."""
 
+import json
 import os
 import signal
 import stat
@@ -95,17 +96,42 @@ def test_a_rank_ignoring_term_is_killed_after_the_grace(host_client, tmp_path):
     assert not alive(state["ranks"]["0"]["pid"])
 
 
-def test_stop_works_when_the_supervisor_was_killed(host_client, tmp_path):
+def wait_until(done, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not done():
+        time.sleep(0.05)
+    return done()
+
+
+def test_a_supervisor_that_dies_takes_its_ranks_and_the_next_call_finishes_its_work(host_client, tmp_path):
+    """Issue 21: a killed supervisor leaves its ranks stopped, not orphaned (PR_SET_PDEATHSIG), and the next
+    host-program call for the run records them lost, kills what they left (a process in a session of its
+    own, found by its marker) and scrubs the secret from every file."""
     run_id = "20261130-000000-0012"
-    state = start_sleepers(host_client, tmp_path, run_id, grace=1.0)
+    escapee = tmp_path / "escapee.pid"
+    code = ("import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+            f"time.sleep(60)'], start_new_session=True); open({str(escapee)!r}, 'w').write(str(p.pid)); "
+            "print('token', os.environ['TOKEN'], flush=True); time.sleep(60)")
+    host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False)
+    s = spec(run_id, [(r, [sys.executable, "-c", code]) for r in range(2)], grace=1.0, secret_names=["TOKEN"])
+    for r in s["ranks"]:
+        r["env"]["TOKEN"] = "s3cr3t-value"
+    state = host_client.start(run_id, s)
+    run = tmp_path / "work" / "runs" / run_id
+    assert wait_until(lambda: escapee.exists() and b"s3cr3t-value" in (run / "rank-0.log").read_bytes())
     os.kill(state["supervisor"]["pid"], signal.SIGKILL)
-    time.sleep(0.2)
     pids = [state["ranks"][str(r)]["pid"] for r in range(2)]
-    assert all(alive(p) for p in pids)  # ranks do not depend on their supervisor
-    host_client.stop(run_id, 1.0)
-    assert not any(alive(p) for p in pids)
+    assert wait_until(lambda: not any(alive(p) for p in pids))  # the ranks died with their supervisor
+    stray = int(escapee.read_text())
+    assert alive(stray)  # not a child of the supervisor: only the next call can end it
     status = host_client.status(run_id)
-    assert status["done"] and all(r["exit"] for r in status["ranks"].values())
+    assert status["done"] and {r["exit"]["lost"] for r in status["ranks"].values()} == {True}
+    assert wait_until(lambda: not alive(stray))
+    assert json.loads((run / "done.json").read_text())["orphaned"] is True
+    for path in run.rglob("*"):
+        if path.is_file() and "job" not in path.relative_to(run).parts:
+            assert b"s3cr3t-value" not in path.read_bytes(), path
+    assert host_client.stop(run_id, 1.0)["left"] == []  # and stop still works
 
 
 def test_stop_also_ends_processes_that_left_the_group(host_client, tmp_path):
@@ -226,3 +252,24 @@ def test_the_stop_answer_carries_the_hosts_clock(host_client, tmp_path):
     answer = host_client.stop(run_id, 1.0)
     assert before - 1 <= answer["now"] <= time.time() + 1
     assert answer["exits"]["0"]["stopped"] is True
+
+
+@pytest.mark.parametrize("unsafe", ["world-writable", "foreign-owned"])
+def test_a_workdir_others_could_write_to_runs_nothing(tmp_path, unsafe):
+    """Issue 21: code found in a workdir that is not the login user's own, or that others may write to,
+    never runs: the bootstrap and the installer refuse (exit 96) and the error names the path and the fix."""
+    from clusterrun.errors import UnsafeWorkdir
+
+    work = tmp_path / "work"
+    work.mkdir()
+    if unsafe == "world-writable":
+        work.chmod(0o777)
+    else:
+        os.chown(work, 4321, 4321)  # the tests run as root: another user's folder
+    client = HostClient(make_host(work), LocalTransport("here"), Timeouts(command=10))
+    with pytest.raises(UnsafeWorkdir) as info:
+        client.free_port()
+    text = str(info.value)
+    assert str(work) in text and ("mode 777" in text if unsafe == "world-writable" else "uid 4321" in text)
+    assert "chmod go-w" in text and "workdir:" in text
+    assert not (work / "bin").exists()  # the installer did not write into it either

@@ -5,6 +5,7 @@ job changed is fetched again, secrets are masked however they are split."""
 import hashlib
 import json
 import os
+import stat
 import queue
 import sys
 import time
@@ -111,6 +112,20 @@ def test_a_symlink_chain_out_of_the_job_is_refused(client, tmp_path):
     assert not os.path.lexists(tmp_path / "work" / "runs" / "20261201-000000-0001")
 
 
+def test_a_link_that_escapes_only_through_a_link_made_after_it_is_refused(client, tmp_path):
+    """Issue 21: each link was checked as it was made, so one passing through a link made later escaped:
+    a/b/L -> ../c/../../x reads as job/x while a/c does not exist yet; once a/c -> ../q exists, L resolves
+    to the job's parent. Every link is checked again once all are made."""
+    body = b"print(1)\n"
+    (tmp_path / "job.py").write_bytes(body)
+    entry = FileEntry("job.py", hashlib.sha256(body).hexdigest(), len(body), False, str(tmp_path / "job.py"))
+    manifest = Manifest(files=(entry,), dirs=("a", "a/b", "q"),
+                        symlinks=(("a/b/L", "../c/../../x"), ("a/c", "../q")))
+    with pytest.raises(PushError, match="a/b/L resolves out of the job"):
+        client.push("20261201-000000-0031", manifest, hold=False)
+    assert not os.path.lexists(tmp_path / "work" / "runs" / "20261201-000000-0031")
+
+
 def test_a_negative_size_is_refused(client, tmp_path):
     (tmp_path / "job.py").write_bytes(b"x")
     bad = Manifest(files=(FileEntry("job.py", "0" * 64, -5, False, str(tmp_path / "job.py")),), dirs=(), symlinks=())
@@ -132,6 +147,37 @@ def test_a_cached_object_a_job_changed_is_fetched_again(client, tmp_path):
     assert "was changed after it was stored" in (tmp_path / "work" / "cache" / "objects" / "events.log").read_text()
     third = client.push("20261201-000000-0005", m, hold=False).result  # and from then on it is trusted by its stat again
     assert (third.objects, third.repaired, third.sent_bytes) == (0, 0, 0)
+
+
+def test_a_rewrite_that_puts_size_mtime_and_mode_back_is_still_caught(client, tmp_path):
+    """Issue 21: the cache check trusted size, mtime and mode; a job that rewrote a pushed file and put them
+    back poisoned later runs. The ctime cannot be put back."""
+    m = project(tmp_path, {"job.py": b"print('original')\n"})
+    client.push("20261201-000000-0013", m, hold=False)
+    pushed = tmp_path / "work" / "runs" / "20261201-000000-0013" / "job" / "job.py"
+    st = os.stat(pushed)
+    os.chmod(pushed, 0o644)
+    pushed.write_bytes(b"print('POISONED')\n")  # the same size
+    os.chmod(pushed, stat.S_IMODE(st.st_mode))
+    os.utime(pushed, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(pushed).st_size, os.stat(pushed).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    again = client.push("20261201-000000-0014", m, hold=False).result
+    assert again.repaired == 1
+    fresh = tmp_path / "work" / "runs" / "20261201-000000-0014" / "job" / "job.py"
+    assert fresh.read_bytes() == b"print('original')\n"
+
+
+def test_linking_and_clean_keep_an_unchanged_job_trusted(client, tmp_path):
+    """A link (a new run folder) and an unlink (`clean`) change an object's ctime too: each notes the
+    object afresh, so an unchanged job is still sent as nothing and not hashed again."""
+    m = project(tmp_path, {"job.py": b"x" * 1000, "data/a.bin": os.urandom(5000)})
+    client.push("20261201-000000-0021", m, hold=False)
+    client.push("20261201-000000-0022", m, hold=False)
+    client.clean({"remove": ["20261201-000000-0021"]})
+    third = client.push("20261201-000000-0023", m, hold=False).result
+    assert (third.objects, third.repaired, third.sent_bytes) == (0, 0, 0)
+    log = (tmp_path / "work" / "cache" / "objects" / "events.log")
+    assert not log.exists() or "changed" not in log.read_text()
 
 
 def test_masking_holds_back_what_may_begin_a_secret():

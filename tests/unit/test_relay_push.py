@@ -5,6 +5,7 @@ import hashlib
 import os
 import socket
 import threading
+import time
 
 import pytest
 
@@ -107,7 +108,7 @@ def test_an_unreachable_next_host_falls_back_to_a_direct_push(tmp_path, job, mon
 
 
 def test_a_wrong_token_is_refused_before_any_byte():
-    server = host_net.listener()
+    server = host_net.bind_address("127.0.0.1")
     port = server.getsockname()[1]
     result = {}
 
@@ -123,6 +124,39 @@ def test_a_wrong_token_is_refused_before_any_byte():
         host_relay.connect_downstream("127.0.0.1", port, "wrong", RUN, 1, wait=2)
     t.join(5)
     assert "did not connect" in result["accept"] or "refused" in result["accept"]
+    server.close()
+
+
+def test_a_silent_connection_and_a_stranger_cost_the_real_upstream_nothing():
+    """Issue 21: the relay listener handshook one connection at a time for 10 s, so one silent connection
+    made the chain fall back to direct pushes. Now several handshakes run at once, each briefly, and only
+    the upstream host's address gets in."""
+    server = host_net.bind_address("127.0.0.1")
+    port = server.getsockname()[1]
+    result = {}
+
+    def accept():
+        try:
+            conn = host_relay.accept_upstream(server, "right", RUN, 1, wait=8, upstream="127.0.0.3")
+            result["peer"] = conn.getpeername()[0]
+            conn.close()
+        except host_relay.RelayError as exc:
+            result["error"] = str(exc)
+
+    t = threading.Thread(target=accept)
+    t.start()
+    silent = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.3", 0))  # says nothing
+    stranger = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.4", 0))
+    stranger.settimeout(2)
+    assert stranger.recv(100) == b""  # closed at once: not the upstream host
+    t0 = time.monotonic()
+    conn = host_relay.connect_downstream("127.0.0.1", port, "right", RUN, 1, wait=5, source="127.0.0.3")
+    assert time.monotonic() - t0 < 2  # not held up by the silent one
+    conn.close()
+    t.join(10)
+    assert result == {"peer": "127.0.0.3"}
+    silent.close()
+    stranger.close()
     server.close()
 
 

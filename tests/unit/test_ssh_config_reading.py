@@ -126,3 +126,48 @@ def test_inventory_values_win_and_say_so(lab):
     line = target.provenance()
     assert "user me (inventory)" in line and "hostname 10.1.2.3 (ssh config" in line and "lab.conf:5" in line
     assert os.path.basename(target.identity_files[0]) == "lab_10.1.2.3"
+
+
+def test_an_include_loop_fails_at_once_as_ssh_would(tmp_path):
+    """Issue 21: a file that includes itself (twice) made 131,071 reads and 21 s per lookup; now it is the
+    error OpenSSH gives, at once, naming the file and line, and no file in the chain is read twice."""
+    import time as _time
+
+    from clusterrun.errors import UsageError
+
+    cfg = write(tmp_path / "config", f"Include {tmp_path}/config\nInclude {tmp_path}/config\nHost a\n  User u\n")
+    reads = []
+    t0 = _time.monotonic()
+    with pytest.raises(UsageError) as info:
+        read_config("a", files=((str(cfg), False),), read=lambda p: reads.append(p) or open(p).read())
+    assert _time.monotonic() - t0 < 1 and len(reads) == 1
+    assert f"{cfg}:1: Include" in str(info.value) and "too many recursive configuration includes" in str(info.value)
+
+
+def test_includes_nest_as_deep_as_sshs_limit_and_no_deeper(tmp_path):
+    from clusterrun.config.ssh_config import MAX_INCLUDE_DEPTH
+    from clusterrun.errors import UsageError
+
+    def chain(n):
+        for i in range(n):
+            write(tmp_path / f"c{i}", f"Include {tmp_path}/c{i + 1}\n")
+        write(tmp_path / f"c{n}", "Host *\n  User deep\n")
+        return tmp_path / "c0"
+
+    assert read_config("x", files=((str(chain(MAX_INCLUDE_DEPTH)), False),)).get("user") == "deep"
+    with pytest.raises(UsageError, match="more than 16 files deep"):
+        read_config("x", files=((str(chain(MAX_INCLUDE_DEPTH + 1)), False),))
+
+
+def test_match_exec_without_an_openssh_client_is_a_warning_not_a_silent_false(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from clusterrun.transport import openssh
+
+    cfg = write(tmp_path / "config", "Match exec \"test -d /\"\n  User fromexec\n")
+    monkeypatch.setenv("CLUSTERRUN_SSH_CONFIG", str(cfg))
+    monkeypatch.setattr(openssh.shutil, "which", lambda name: None)
+    with caplog.at_level(logging.WARNING, logger="clusterrun.transport.openssh"):
+        found = openssh.config_options()("somehost")
+    assert found.get("user") is None
+    assert any("Match exec" in r.getMessage() and "openssh-client" in r.getMessage() for r in caplog.records)

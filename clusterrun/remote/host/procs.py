@@ -5,18 +5,28 @@ import os
 
 
 
-def start_ticks(pid):
-    """Process start time in clock ticks since boot (None if gone or no /proc): tells pid reuse apart."""
+def _stat(pid):
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as fh:
             data = fh.read()
-        return int(data[data.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
+        return data[data.rindex(b")") + 2:].split()
+    except (OSError, ValueError):
+        return None
+
+
+def start_ticks(pid):
+    """Process start time in clock ticks since boot (None if gone or no /proc): tells pid reuse apart."""
+    fields = _stat(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (ValueError, IndexError):
         return None
 
 
 def same_process(pid, ticks):
-    """True if pid is alive and is the process recorded with these start ticks."""
+    """True if pid is alive (a zombie is not: it has ended, nobody reaped it yet) and is the process
+    recorded with these start ticks."""
     if not pid:
         return False
     try:
@@ -24,6 +34,9 @@ def same_process(pid, ticks):
     except ProcessLookupError:
         return False
     except PermissionError:
+        return False
+    fields = _stat(pid)
+    if fields is not None and fields[0] == b"Z":
         return False
     now = start_ticks(pid)
     if now is None or ticks is None:
@@ -104,3 +117,16 @@ def rank_live(marker, info):
         except ProcessLookupError:
             pass
     return False
+
+
+def die_with_parent():
+    """For a child between fork and exec (preexec_fn): the kernel kills it when its parent, the supervisor,
+    dies (PR_SET_PDEATHSIG), so a supervisor that dies leaves its ranks stopped, not orphaned. Linux
+    only; elsewhere nothing happens (the next host-program call for the run then stops what is left)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError, ImportError):
+        pass

@@ -1,12 +1,14 @@
 """A run's state on this host, read back from its files: what started, what ended, what is lost."""
 
 import os
+import signal
 import time
 
 from .files import read_json, write_json_atomic
 from .paths import exit_path
 from .wire import Fail
-from .procs import process_marker, rank_live, same_process
+from .procs import process_marker, rank_live, run_members, same_process
+from .secrets import scrub_run
 
 
 
@@ -37,24 +39,61 @@ def collect_exits(run_dir, spec, state, check_lost=True):
     """Exit records by rank; with check_lost, make up 'lost' ones for ranks gone without a record.
 
     A rank is lost when its supervisor is gone and so is the rank: nobody is left to record its exit.
+    Once every rank of a run whose supervisor died has its record, what that supervisor left undone is
+    finished (finish_orphan).
     """
-    exits = {}
     sup = (state or {}).get("supervisor", {})
     sup_alive = same_process(sup.get("pid"), sup.get("ticks"))
-    if state is None:
-        try:  # the supervisor may be about to write its state; give it time before calling anything lost
-            check_lost = check_lost and time.time() - os.path.getmtime(os.path.join(run_dir, "spec.json")) > 30
-        except OSError:
-            check_lost = False
+    check_lost = check_lost and not sup_alive and _settled(run_dir, state)
+    exits = {}
     for rank in rank_ids(spec, state):
         rec = read_json(exit_path(run_dir, rank))
-        if rec is None and check_lost and not sup_alive:
-            info = (state or {}).get("ranks", {}).get(str(rank))
-            if info is None or not rank_live(process_marker(spec), info):
-                rec = {"rank": rank, "exit_code": None, "signal": None, "ended_at": time.time(), "stopped": False,
-                       "lost": True, "error": "the supervisor on this host is gone; exit status unknown"}
-                write_json_atomic(exit_path(run_dir, rank), rec, exclusive=True)
-                rec = read_json(exit_path(run_dir, rank))
+        if rec is None and check_lost:
+            rec = _lost(run_dir, spec, state, rank)
         if rec is not None:
             exits[rank] = rec
+    if check_lost and state is not None and len(exits) == len(rank_ids(spec, state)) \
+            and not supervisor_done(run_dir):
+        finish_orphan(run_dir, spec)
     return exits, sup_alive
+
+
+def _settled(run_dir, state):
+    """Whether a supervisor that is not running has had its chance: one with no state yet may be about to
+    write it, so it gets 30 s after its spec was written before anything is called lost."""
+    if state is not None:
+        return True
+    try:
+        return time.time() - os.path.getmtime(os.path.join(run_dir, "spec.json")) > 30
+    except OSError:
+        return False
+
+
+def _lost(run_dir, spec, state, rank):
+    """The record of a rank nobody is left to record (None while the rank itself still lives)."""
+    info = (state or {}).get("ranks", {}).get(str(rank))
+    if info is not None and rank_live(process_marker(spec), info):
+        return None
+    rec = {"rank": rank, "exit_code": None, "signal": None, "ended_at": time.time(), "stopped": False,
+           "lost": True, "error": "the supervisor on this host is gone; exit status unknown"}
+    try:
+        write_json_atomic(exit_path(run_dir, rank), rec, exclusive=True)
+    except OSError:  # a full disk (what may have killed the supervisor): the answer still says it
+        return rec
+    return read_json(exit_path(run_dir, rank)) or rec
+
+
+def finish_orphan(run_dir, spec):
+    """What a supervisor that died (SIGKILL, OOM, a bug) left undone, done by the next host-program call
+    that finds it so (status, follow, stop, runs, clean): what is left of its processes is killed, the
+    secrets scrubbed from the run's files, and the run marked done."""
+    for pid in run_members(process_marker(spec)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        scrub_run(run_dir, spec)
+        write_json_atomic(os.path.join(run_dir, "done.json"), {"ended_at": time.time(), "orphaned": True})
+    except OSError:  # a full disk: the next call tries again
+        pass

@@ -12,8 +12,7 @@ spec.json: nothing on the host keeps them past the run.
 import json
 import os
 
-from .files import read_json, write_json_atomic
-from .paths import exit_path, log_path
+from .files import write_json_atomic
 
 MIN_SECRET = 4  # the controller refuses shorter values
 SCRUB_CHUNK = 1 << 20
@@ -31,7 +30,11 @@ def secret_values(spec):
 
 class Masker:
     def __init__(self, values):
-        self.values = [v for v in values if v]
+        values = [v for v in values if v]
+        # in JSON (exit and worker records) a value with quotes, backslashes or control bytes is escaped
+        escaped = [json.dumps(v.decode("utf-8", "surrogateescape"))[1:-1].encode("utf-8", "surrogateescape")
+                   for v in values]
+        self.values = sorted(set(values) | {e for e in escaped if e}, key=len, reverse=True)
         self.longest = max((len(v) for v in self.values), default=0)
 
     def __bool__(self):
@@ -86,18 +89,18 @@ def _scrub_file(path, masker):
         os.close(fd)
 
 
-def scrub_run(run_dir, spec, ranks, extra_logs=()):
-    """At the end of the run on this host: mask the logs in place, then drop the values from spec.json."""
+def scrub_run(run_dir, spec):
+    """Once the run has ended on this host (or its supervisor is found dead): mask every file the run left
+    in its folder in place (logs, exit records, torchrun's worker records and error files, setup and
+    notify output), then drop the values from spec.json. Not the pushed job (its files are the content
+    cache's), nor the checkpoints and outputs (the job's own data), nor other attempts' folders (each has
+    its own supervisor)."""
     masker = Masker(secret_values(spec))
     if not masker:
         return
-    for rank in ranks:
-        _scrub_file(log_path(run_dir, rank), masker)
-        record = read_json(exit_path(run_dir, rank))
-        if record is not None:
-            write_json_atomic(exit_path(run_dir, rank), masker.mask_record(record))
-    for name in extra_logs:
-        _scrub_file(os.path.join(run_dir, name), masker)
+    for path in run_files(run_dir):
+        if os.path.basename(path) != "spec.json":
+            _scrub_file(path, masker)
     names = spec.get("secret_names") or []
     scrubbed = json.loads(json.dumps(spec))
     for env in [scrubbed.get("env") or {}] + [r.get("env") or {} for r in scrubbed.get("ranks", [])]:
@@ -105,3 +108,19 @@ def scrub_run(run_dir, spec, ranks, extra_logs=()):
             if name in env:
                 env[name] = "***"
     write_json_atomic(os.path.join(run_dir, "spec.json"), scrubbed)
+
+
+KEEP_OUT = ("job", "checkpoints", "outputs")
+
+
+def run_files(run_dir):
+    """Every regular file of this attempt's folder but the job's, its checkpoints and other attempts'."""
+    out = []
+    for folder, dirs, files in os.walk(run_dir):
+        if folder == run_dir:
+            dirs[:] = [d for d in dirs if d not in KEEP_OUT and not d.startswith("attempt-")]
+        for name in files:
+            path = os.path.join(folder, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                out.append(path)
+    return out

@@ -13,8 +13,9 @@ import os
 import shutil
 import sys
 
+from ..push.cache import CacheIndex, object_id
 from ..wire import reply
-from .lock import LOCK_WAIT, cache_lock
+from .lock import LOCK_WAIT, cache_lock, run_lock
 from .runs import cache_dir, cache_objects, cache_usage, disk, live_markers, status, walk
 
 
@@ -25,25 +26,19 @@ def cmd_clean(workdir):
     dry = bool(request.get("dry_run"))
     runs_dir = os.path.join(workdir, "runs")
     removed, refused, gone_links = [], [], {}
+    if not dry:
+        finish_removals(runs_dir)
     markers = live_markers()
+    renote = _Renote(workdir)
     for run_id in request.get("remove") or []:
-        run_dir = os.path.normpath(os.path.join(runs_dir, run_id))
-        if os.path.dirname(run_dir) != runs_dir or run_id.startswith("."):
-            refused.append({"id": run_id, "why": "not a run id"})
+        gone = _remove_one(runs_dir, run_id, dry, markers, renote)
+        if "why" in gone:
+            refused.append(gone)
             continue
-        if not os.path.isdir(run_dir):
-            refused.append({"id": run_id, "why": "no such run here", "missing": True})
-            continue
-        state, why = status(run_dir, markers)
-        if state not in ("finished", "unstarted"):
-            refused.append({"id": run_id, "why": why or state})
-            continue
-        own, _, links = walk(run_dir)
-        for key, count in links.items():
+        for key, count in gone.pop("links").items():
             gone_links[key] = gone_links.get(key, 0) + count
-        if not dry:
-            _remove(run_dir)
-        removed.append({"id": run_id, "bytes": own})
+        removed.append(gone)
+    renote.after()
     cache = None
     if request.get("cache") or request.get("cache_max") is not None:
         cache = sweep(workdir, dry, gone_links, request.get("cache_max"), request.get("wait", LOCK_WAIT),
@@ -54,16 +49,105 @@ def cmd_clean(workdir):
     return 0
 
 
+def _remove_one(runs_dir, run_id, dry, markers, renote):
+    """{id, bytes, links} of a run folder removed (or, dry, that would be), or {id, why} of one refused:
+    checked under its lock, so an attempt starting at this moment is refused here or never starts."""
+    run_dir = os.path.normpath(os.path.join(runs_dir, run_id))
+    if os.path.dirname(run_dir) != runs_dir or run_id.startswith("."):
+        return {"id": run_id, "why": "not a run id"}
+    if not os.path.isdir(run_dir):
+        return {"id": run_id, "why": "no such run here", "missing": True}
+    lock = run_lock(run_dir, wait=0)
+    if lock is None:
+        return {"id": run_id, "why": "an attempt of it is being started"}
+    try:
+        state, why = status(run_dir, markers)
+        if state not in ("finished", "unstarted"):
+            return {"id": run_id, "why": why or state}
+        own, _, links = walk(run_dir)
+        if not dry:
+            renote.before(links)
+            try:
+                _remove(run_dir)
+            except OSError as exc:  # one folder that resists never costs the others their clean
+                return {"id": run_id, "why": "cannot remove it: %s" % (exc.strerror or exc)}
+        return {"id": run_id, "bytes": own, "links": links}
+    finally:
+        os.close(lock)
+
+
+class _Renote:
+    """Unlinking a run folder's job files changes their cache objects' ctime: the objects that were intact
+    just before (their index line still held) are noted afresh after, so the next push trusts them."""
+
+    def __init__(self, workdir):
+        self.cache = cache_dir(workdir)
+        self.index = CacheIndex(self.cache)
+        self.by_inode = None
+        self.intact = {}  # (dev, ino) -> (sha, exe, path)
+
+    def before(self, links):
+        if self.by_inode is None:
+            self.by_inode = {(st.st_dev, st.st_ino): (path, st) for path, st in cache_objects(self.cache)}
+        for key in links:
+            found = self.by_inode.get(key)
+            if found is not None:
+                sha, exe = object_id(os.path.basename(found[0]))
+                if self.index.intact(sha, exe, found[1]):
+                    self.intact[key] = (sha, exe, found[0])
+
+    def after(self):
+        for sha, exe, path in self.intact.values():
+            try:
+                self.index.note(sha, exe, os.stat(path))
+            except OSError:
+                continue
+
+
+REMOVING = ".removing-"
+
+
 def _remove(run_dir):
     """Gone at once for every reader (renamed aside first), then deleted; read-only job files included."""
-    aside = os.path.join(os.path.dirname(run_dir), ".removing-%s-%d" % (os.path.basename(run_dir), os.getpid()))
+    aside = os.path.join(os.path.dirname(run_dir), "%s%s-%d" % (REMOVING, os.path.basename(run_dir), os.getpid()))
     os.rename(run_dir, aside)
+    remove_tree(aside)
 
-    def writable(func, path, exc_info):
-        os.chmod(os.path.dirname(path), 0o700)
-        func(path)
 
-    shutil.rmtree(aside, onerror=writable)
+def remove_tree(path):
+    """Delete a folder whatever the job left in it: a folder it made unreadable or unwritable is given
+    back its mode (it is ours) and tried again, to any depth; what still cannot go stays for the next
+    clean (finish_removals)."""
+    shutil.rmtree(path, onerror=_fix_and_retry)
+
+
+def _fix_and_retry(func, target, exc_info):
+    for folder in (os.path.dirname(target), target):
+        try:
+            if os.path.isdir(folder) and not os.path.islink(folder):
+                os.chmod(folder, 0o700)
+        except OSError:
+            pass
+    try:
+        if func in (os.rmdir, os.unlink, os.remove):
+            func(target)
+        elif os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target, onerror=_fix_and_retry)  # it could not even be opened: now it can
+        else:
+            os.unlink(target)
+    except OSError:
+        pass
+
+
+def finish_removals(runs_dir):
+    """Folders an earlier clean renamed aside but could not delete (it was killed, or a file resisted)."""
+    try:
+        names = os.listdir(runs_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(REMOVING):
+            remove_tree(os.path.join(runs_dir, name))
 
 
 def sweep(workdir, dry, gone_links, cache_max, wait, everything):
@@ -73,6 +157,8 @@ def sweep(workdir, dry, gone_links, cache_max, wait, everything):
     if lock is None and not dry:
         return {"busy": True, "removed": 0, "bytes": 0}
     try:
+        if not dry:
+            _drop_partial_objects(cache_dir(workdir))
         objects = list(cache_objects(cache_dir(workdir)))
         total = sum(st.st_size for _, st in objects)
         removed = freed = 0
@@ -90,6 +176,25 @@ def sweep(workdir, dry, gone_links, cache_max, wait, everything):
     finally:
         if lock is not None:
             os.close(lock)
+
+
+def _drop_partial_objects(cache):
+    """Objects half-written by a push that was killed mid-object (`SHA.tmp-PID`): under the sweep's
+    exclusive lock no push is writing, so every one of them is left over."""
+    try:
+        subdirs = [e.path for e in os.scandir(cache) if e.is_dir(follow_symlinks=False) and len(e.name) == 2]
+    except OSError:
+        return
+    for sub in subdirs:
+        try:
+            names = [n for n in os.listdir(sub) if ".tmp-" in n]
+        except OSError:
+            continue
+        for name in names:
+            try:
+                os.unlink(os.path.join(sub, name))
+            except OSError:
+                pass
 
 
 def _loose(objects, gone_links):
@@ -119,7 +224,7 @@ def _compact_index(cache):
         with open(path, "rb") as fh:
             for line in fh:
                 parts = line.split()
-                if len(parts) == 4:
+                if len(parts) == 5:
                     last[(parts[0], parts[1])] = line
     except OSError:
         return

@@ -1,5 +1,7 @@
-"""Locks on this host's workdir: the content cache's (shared by pushes, exclusive by a sweep) and the
-receiving end's mark on a run folder it is making (`clean` leaves such a folder alone)."""
+"""Locks on this host's workdir: the content cache's (shared by pushes, exclusive by a sweep), the
+receiving end's mark on a run folder it is making (`clean` leaves such a folder alone), and a run
+folder's own lock, which `start` holds while it starts an attempt and `clean` while it decides and
+removes (so a restart starting as `clean` looks never starts in a folder that is about to go)."""
 
 import fcntl
 import os
@@ -45,3 +47,22 @@ def being_received(run_dir):
         return True
     finally:
         os.close(fd)
+
+
+def run_lock(run_root, wait):
+    """The run folder's lock (a flock on the folder itself: no file, no inode on a full disk), held until
+    the fd is closed; None when it stays taken for `wait` seconds (0: do not wait) or the folder is gone."""
+    try:
+        fd = os.open(run_root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.02)

@@ -17,7 +17,7 @@ import time
 from ..files import read_json
 from ..paths import attempt_dirs
 from ..procs import MARKER_ENV, process_marker, same_process
-from ..runstate import load_state
+from ..runstate import collect_exits, load_state, supervisor_done
 from ..wire import reply
 from .lock import being_received
 
@@ -57,11 +57,21 @@ def _live(folder, markers):
         return "its supervisor runs"
     if state is None and time.time() - _mtime(os.path.join(folder, "spec.json")) < 30:
         return "it is starting"
+    still = _process_left(state)
+    if still:
+        return still
+    if markers.get(process_marker(spec)):
+        return "a process of it still runs (pid %d)" % markers[process_marker(spec)][0]
+    if state is not None and not supervisor_done(folder):  # its supervisor died: finish what it left undone
+        collect_exits(folder, spec, state)
+    return ""
+
+
+def _process_left(state):
+    """Which recorded process of the run still runs ("" when none does)."""
     for name, info in list(((state or {}).get("ranks") or {}).items()) + [("torchrun", (state or {}).get("launcher"))]:
         if info and same_process(info.get("pid"), info.get("ticks")):
             return "rank %s still runs" % name if name != "torchrun" else "its torchrun still runs"
-    if markers.get(process_marker(spec)):
-        return "a process of it still runs (pid %d)" % markers[process_marker(spec)][0]
     return ""
 
 

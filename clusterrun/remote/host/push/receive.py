@@ -20,12 +20,15 @@ import socket
 import sys
 
 from ..disk.lock import LOCK_WAIT, cache_lock, hold_receiving
-from ..net import free_port, listener
+from ..net import bind_address, free_port
 from ..run.start import start_run
 from ..wire import CHUNK, Fail, read_msg, send_msg
 from . import relay
 from .cache import CacheIndex, object_path, safe_rel
 from .job_setup import run_setup
+
+
+RUN_RESERVE = 256 << 10  # a run's own files on this host: spec, state, exit records, the logs' first lines
 
 
 def host_facts(port, master_addr):
@@ -95,6 +98,7 @@ class Push:
         self.buf = memoryview(bytearray(CHUNK))  # one buffer for every read: no allocation per chunk
         self.current = ""  # the path being written (named in an error)
         self.lock = None  # the cache's lock, shared (clean.py)
+        self.addr = ""  # this host's own address (the inventory's): relay sockets bind it
         self._folders = set()  # folders known to exist: a makedirs per file was most of a small-file push
 
     @property
@@ -127,10 +131,10 @@ class Push:
         if refusal:
             send_msg(refusal)
             return 1
-        ipv6 = ":" in manifest.get("master_addr", "")
-        server = listener(ipv6) if manifest.get("relay") else None
+        own = self.addr = manifest.get("addr") or ""  # this host's address in the inventory
+        server = bind_address(own) if manifest.get("relay") else None
         if manifest.get("coordinator"):  # bound now, inherited by the supervisor: every host can start at once
-            self.coordinator = listener(ipv6)
+            self.coordinator = bind_address(own)
         send_msg({"missing": [sha for sha, _, _ in missing], "missing_objects": missing, "repaired": self.repaired,
                   "port": free_port() if manifest.get("free_port") else None,
                   "relay_port": server.getsockname()[1] if server else None,
@@ -192,7 +196,7 @@ class Push:
         if down:
             try:
                 self.downstream = relay.connect_downstream(down["addr"], down["port"], conf["token"], run,
-                                                           down["node"], conf["wait"])
+                                                           down["node"], conf["wait"], source=self.addr)
             except relay.RelayError as exc:
                 self.relay_notes.append("next host %s: %s" % (down["name"], exc))
         return {(sha, bool(exe)) for sha, _, exe in down["objects"]} if self.downstream else set()
@@ -203,7 +207,8 @@ class Push:
         if conf["from"] == "controller":
             self.expect = sum(size for _, size, _ in conf["objects"])
             return self.source
-        return relay.SocketSource(relay.accept_upstream(server, conf["token"], run, conf["node"], conf["wait"]),
+        return relay.SocketSource(relay.accept_upstream(server, conf["token"], run, conf["node"], conf["wait"],
+                                                        upstream=conf.get("upstream_addr") or ""),
                                   conf["timeout"])
 
     def _relay_failed(self, exc, rest):
@@ -254,9 +259,9 @@ class Push:
         """Why this push cannot go ahead (no room, a run folder already there), or None once it is made."""
         os.makedirs(self.cache, 0o700, exist_ok=True)
         free = shutil.disk_usage(self.cache).free
-        if need > free:
-            return {"missing": [], "error": "not enough disk space: the push needs %d bytes, %d free" % (need, free),
-                    "kind": "disk_full", "path": self.cache}
+        if need + RUN_RESERVE > free:  # a push that fits but leaves no room to start is refused now, not later
+            return {"missing": [], "error": "not enough disk space: the push needs %d bytes (and the run %d more "
+                    "for its own files), %d free" % (need, RUN_RESERVE, free), "kind": "disk_full", "path": self.cache}
         try:
             os.makedirs(os.path.dirname(self.run_dir), 0o700, exist_ok=True)
             os.mkdir(self.run_dir, 0o700)
@@ -303,8 +308,7 @@ class Push:
                     raise relay.RelayError("content of %s arrived corrupted from the upstream host" % sha)
                 raise Fail("content of %s arrived corrupted" % sha, "corrupt")
             os.replace(tmp, final)
-            self.created.append(final)
-            self.index.note(sha, exe, os.stat(final), later=True)
+            self.created.append(final)  # noted in the index once linked (build_tree)
         except BaseException:
             if fd >= 0:
                 os.close(fd)
@@ -320,15 +324,19 @@ class Push:
         self._folders.add(job)
         for rel in manifest.get("dirs", []):
             self.folder(os.path.join(job, safe_rel(rel)))
+        linked = {}
         for rel, sha, _, exe in files:
             dest = os.path.join(job, safe_rel(rel))
             self.current = dest
             self.folder(os.path.dirname(dest))
-            src = object_path(self.cache, sha, exe)
+            src = linked[(sha, bool(exe))] = object_path(self.cache, sha, exe)
             try:
                 os.link(src, dest)
             except OSError:
                 shutil.copy2(src, dest)  # another file system, or too many links
+        for (sha, exe), src in linked.items():  # checked (or received) just now; a link changes the ctime
+            self.index.note(sha, exe, os.stat(src), later=True)
+        made = []
         for rel, target in manifest.get("symlinks", []):
             dest = os.path.join(job, safe_rel(rel))
             parent = os.path.dirname(dest)
@@ -339,9 +347,11 @@ class Push:
                 raise Fail("symlink %s points out of the job (%s)" % (rel, target), "protocol", rel)
             os.makedirs(parent, 0o700, exist_ok=True)
             os.symlink(target, dest)
+            made.append((rel, dest))
+        # only now, with every link in place: a link made early may pass through one made later
+        for rel, dest in made:
             real = os.path.realpath(dest)
             if real != job and not real.startswith(job + os.sep):
-                os.unlink(dest)
                 raise Fail("symlink %s resolves out of the job (%s)" % (rel, real), "protocol", rel)
 
     def undo(self):

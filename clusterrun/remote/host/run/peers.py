@@ -1,26 +1,39 @@
 """Supervisors of one run keep its promises among themselves, with no controller alive: the first failure
-on any host stops every host, and a host gone silent counts as a failure.
+on any host stops every host, and a host gone silent (either way) counts as a failure.
 
-Node 0's supervisor is the coordinator: it listens on a free TCP port (chosen like `master: auto`); the
-controller reads the port from node 0's start answer and hands it, with a per-run token, to every other
-host in its 0600 spec. Each other supervisor (a peer) connects to it.
+Node 0's supervisor is the coordinator: it listens on a free TCP port bound to its host's address (the
+inventory's `addr`), chosen during the push; the controller hands the port, with a per-run token, to
+every other host in its 0600 spec. Each other supervisor (a peer) connects to it from its own address.
+Only connections from the run's hosts' addresses are let in, at most MAX_PENDING unauthenticated ones
+at a time, each for HELLO_TIMEOUT seconds.
 
-Protocol, one JSON object per line, both ways:
-  coordinator → peer   {"challenge": NONCE}
-  peer → coordinator   {"hello": NODE_RANK, "mac": hex(HMAC-SHA256(TOKEN, NONCE + ":" + NODE_RANK)), "done": BOOL}
-  coordinator → peer   {"welcome": NODE_RANK}                   (a wrong mac: the connection is closed)
-  then, both ways      {"beat": TIME}                            every second
-  peer → coordinator   {"failed": {"node_rank", "rank", "exit_code", "signal"}}   its first failed rank
-                       {"done": NODE_RANK}                       every rank of the peer has ended
-  coordinator → peer   {"stop": {"reason": TEXT}}                stop every rank now (TERM, grace, KILL)
-A peer that said hello and then nothing for host_lost seconds is lost: a failure, every host is stopped.
-A peer that hears nothing from the coordinator for host_lost seconds stops its own ranks. A peer that
-cannot reach the coordinator at all keeps running (a firewall may allow the ranks' ports only): it says
-so in supervisor.log, and the run then has the controller's guarantees only.
+Protocol (version 2), one JSON object per line of at most MAX_LINE bytes, both ways:
+  coordinator → peer   {"challenge": NONCE_C}
+  peer → coordinator   {"hello": NODE, "nonce": NONCE_P, "done": BOOL, "mac": PROOF_P}
+  coordinator → peer   {"welcome": NODE, "mac": PROOF_C}
+       PROOF_P = HMAC-SHA256(TOKEN, "peer|RUN|NODE|NONCE_C|NONCE_P|DONE"), DONE 0 or 1
+       PROOF_C = HMAC-SHA256(TOKEN, "coordinator|RUN|NODE|NONCE_P|NONCE_C")
+     (hex; nonces are 16 fresh random bytes in hex; RUN is the attempt key.) Each end proves it holds the
+     token over the other end's fresh nonce, so neither a fake coordinator nor a replayed hello gets in;
+     a peer acts on nothing the coordinator says before its proof checked out.
+  then, both ways      {"beat": TIME}                                          every second
+  peer → coordinator   {"failed": {"rank": R, "exit_code": C, "signal": S}}   its first failed rank
+                       {"done": NODE}                                          every rank of the peer ended
+  coordinator → peer   {"stop": {"reason": TEXT}}                              stop every rank now
+Any line that is not one of these (bad JSON, too long or deep, a wrong type, a wrong proof) drops that
+connection and nothing else: a parse or protocol error never reaches the supervisor.
 
-It runs inside the supervisor's loop (no threads): `tick()` each 50 ms does non-blocking socket work.
+A joined peer that says nothing for host_lost seconds is lost: a failure, every host is stopped. A
+peer that hears nothing from the coordinator for host_lost seconds (rank 0's host frozen, cut off or
+gone) stops its own ranks. A peer that cannot reach the coordinator at all keeps running (a firewall may
+allow the ranks' ports only): it says so in supervisor.log, and the run has the controller's guarantees
+only.
+
+It runs inside the supervisor's loop (no threads): `tick()` each 50 ms does non-blocking socket work,
+connecting included.
 """
 
+import errno
 import hashlib
 import hmac
 import json
@@ -28,21 +41,66 @@ import os
 import socket
 import time
 
+from ..net import bind_address, resolve_all, source_for
+
 BEAT_EVERY = 1.0
-HELLO_TIMEOUT = 5.0  # an unauthenticated connection gets this long to say hello
-MAX_LINE = 1 << 16
+HELLO_TIMEOUT = 3.0  # an unauthenticated connection gets this long to prove itself
+MAX_PENDING = 16  # unauthenticated connections at a time; more are closed at once
+MAX_LINE = 4096
+MAX_BRACKETS = 32  # a line with more `[` and `{` than this is not one of ours (and could nest too deep)
+MAX_REASON = 500
+NONCE_HEX = 32
+MAC_HEX = 64
+REFUSALS_LOGGED = 20
 
 
-def mac(token, nonce, node_rank):
-    return hmac.new(token.encode(), ("%s:%d" % (nonce, node_rank)).encode(), hashlib.sha256).hexdigest()
+def proof(token, text):
+    return hmac.new(token.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def peer_proof(token, run, node, nonce_c, nonce_p, done):
+    return proof(token, "peer|%s|%d|%s|%s|%d" % (run, node, nonce_c, nonce_p, 1 if done else 0))
+
+
+def coordinator_proof(token, run, node, nonce_p, nonce_c):
+    return proof(token, "coordinator|%s|%d|%s|%s" % (run, node, nonce_p, nonce_c))
+
+
+def is_hex(value, length):
+    return isinstance(value, str) and len(value) == length and all(c in "0123456789abcdef" for c in value)
+
+
+def same_proof(given, expected):
+    """Constant-time, on bytes; anything that is not a proof of the right shape is simply wrong."""
+    return is_hex(given, MAC_HEX) and hmac.compare_digest(given.encode("ascii"), expected.encode("ascii"))
+
+
+def is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_line(line):
+    """A JSON object from one line, or None for anything else (never raises)."""
+    if len(line) > MAX_LINE or line.count(b"[") + line.count(b"{") > MAX_BRACKETS:
+        return None
+    try:
+        msg = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return None
+    return msg if isinstance(msg, dict) and len(msg) <= 8 else None
+
+
+class ProtocolError(Exception):
+    """A line that is not the protocol's: the connection it came on is dropped."""
 
 
 class Line:
-    """A socket with JSON lines in and out (non-blocking)."""
+    """A socket with JSON lines in and out (non-blocking). `heard`: when the last line came."""
 
-    def __init__(self, sock):
+    def __init__(self, sock, peer_ip=""):
         self.sock = sock
         self.sock.setblocking(False)
+        self.peer_ip = peer_ip
         self.buf = b""
         self.closed = False
         self.heard = time.time()
@@ -50,15 +108,14 @@ class Line:
     def send(self, obj):
         try:
             self.sock.sendall((json.dumps(obj) + "\n").encode())
-        except OSError:
+        except OSError:  # includes a full send buffer: the other end stopped reading
             self.close()
 
     def receive(self):
-        """Every whole message that has arrived; closes on EOF, an error or garbage."""
-        out = []
+        """Every whole message that has arrived; ProtocolError on garbage (the caller drops the line)."""
         while not self.closed:
             try:
-                data = self.sock.recv(MAX_LINE)
+                data = self.sock.recv(MAX_LINE + 1)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -68,19 +125,16 @@ class Line:
                 self.close()
                 break
             self.buf += data
-            if len(self.buf) > MAX_LINE:
-                self.close()
-                break
+            if len(self.buf) > 2 * MAX_LINE and b"\n" not in self.buf:
+                raise ProtocolError("a line longer than %d bytes" % MAX_LINE)
+        out = []
         while b"\n" in self.buf:
             line, self.buf = self.buf.split(b"\n", 1)
-            try:
-                msg = json.loads(line.decode())
-            except ValueError:
-                self.close()
-                return out
-            if isinstance(msg, dict):
-                out.append(msg)
-                self.heard = time.time()
+            msg = parse_line(line)
+            if msg is None:
+                raise ProtocolError("a line that is not a JSON object of ours")
+            out.append(msg)
+            self.heard = time.time()
         return out
 
     def close(self):
@@ -92,21 +146,30 @@ class Line:
                 pass
 
 
+def failure_of(msg):
+    """{"rank", "exit_code", "signal"} of a peer's failed message, type-checked; ProtocolError otherwise."""
+    f = msg["failed"]
+    if not isinstance(f, dict) or not all(f.get(k) is None or is_int(f.get(k)) for k in ("rank", "exit_code",
+                                                                                        "signal")):
+        raise ProtocolError("a failed message of the wrong shape")
+    return f
+
+
 class Coordinator:
-    """Node 0's side: accepts the peers, hears their failures and heartbeats, sends the stop."""
+    """Node 0's side: lets in the run's peers, hears their failures and heartbeats, sends the stop."""
 
     def __init__(self, conf, log):
         self.token = conf["token"]
+        self.run = str(conf.get("run") or "")
         self.expect = set(conf["expect"])  # node ranks of the peers
         self.host_lost = float(conf["host_lost"])
         self.join_by = time.time() + float(conf["join_timeout"])
         self.log = log
+        self.allow = resolve_all(conf.get("allow") or [])  # the run's hosts' addresses: the only sources let in
         if conf.get("listen_fd") is not None:  # bound during the push (receive.py): its port is already known
             self.server = socket.socket(fileno=int(conf["listen_fd"]))
         else:
-            self.server = socket.socket(socket.AF_INET6 if conf.get("ipv6") else socket.AF_INET, socket.SOCK_STREAM)
-            self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.server.bind(("::" if conf.get("ipv6") else "", 0))
+            self.server = bind_address(conf.get("bind") or "", log)
         self.server.listen(64)
         self.server.setblocking(False)
         self.port = self.server.getsockname()[1]
@@ -116,71 +179,113 @@ class Coordinator:
         self.failure = None  # (reason) once a peer failed or was lost
         self.stop_reason = None
         self.last_beat = 0.0
+        self.refused = 0
 
     def stop(self, reason):
         """Tell every peer to stop (once)."""
         if self.stop_reason is None:
             self.stop_reason = reason
             for line in self.peers.values():
-                line.send({"stop": {"reason": reason}})
+                line.send({"stop": {"reason": reason[:MAX_REASON]}})
 
     def tick(self, now):
         self._accept(now)
         for line, (nonce, since) in list(self.pending.items()):
-            self._greet(line, nonce, since, now)
+            self._guarded(line, self._greet, line, nonce, since, now)
         for node, line in list(self.peers.items()):
-            for msg in line.receive():
-                self._hear(node, msg)
-            if node in self.done or node in self.lost:
-                continue
-            if line.closed or now - line.heard > self.host_lost:
-                self.lost.add(node)
-                why = "closed the connection" if line.closed else "went silent for %gs" % self.host_lost
-                self.log("peer node %d %s: a host lost" % (node, why))
-                self.failure = self.failure or "node %d lost (its supervisor %s)" % (node, why)
+            self._guarded(line, self._listen, node, line)
+            self._judge(node, line, now)
         if now - self.last_beat >= BEAT_EVERY:
             for line in self.peers.values():
                 line.send({"beat": now})
             self.last_beat = now
 
+    def _guarded(self, line, work, *args):
+        """Whatever one connection sends, only that connection can go (dropped and forgotten)."""
+        try:
+            work(*args)
+        except Exception as exc:
+            self._refuse(line.peer_ip, "%s: %s" % (type(exc).__name__, exc))
+            line.close()
+            self.pending.pop(line, None)
+
+    def _refuse(self, ip, why):
+        self.refused += 1
+        if self.refused <= REFUSALS_LOGGED:
+            self.log("refused a connection from %s: %s" % (ip or "?", why))
+
+    def _judge(self, node, line, now):
+        if node in self.done or node in self.lost or self.peers.get(node) is not line:
+            return
+        if line.closed or now - line.heard > self.host_lost:
+            self.lost.add(node)
+            why = "closed the connection" if line.closed else "went silent for %gs" % self.host_lost
+            self.log("peer node %d %s: a host lost" % (node, why))
+            self.failure = self.failure or "node %d lost (its supervisor %s)" % (node, why)
+
     def _accept(self, now):
         while True:
             try:
-                sock, _ = self.server.accept()
+                sock, addr = self.server.accept()
             except (BlockingIOError, InterruptedError, OSError):
                 return
-            line = Line(sock)
-            nonce = os.urandom(16).hex()
+            ip = addr[0][7:] if addr[0].startswith("::ffff:") else addr[0]
+            if self.allow and ip not in self.allow:
+                sock.close()
+                self._refuse(ip, "not one of the run's hosts")
+                continue
+            if len(self.pending) >= MAX_PENDING:
+                sock.close()
+                self._refuse(ip, "too many connections waiting to prove themselves")
+                continue
+            line = Line(sock, ip)
+            nonce = os.urandom(NONCE_HEX // 2).hex()
             line.send({"challenge": nonce})
             self.pending[line] = (nonce, now)
 
     def _greet(self, line, nonce, since, now):
         for msg in line.receive():
             node = msg.get("hello")
-            if isinstance(node, int) and node in self.expect and \
-                    hmac.compare_digest(str(msg.get("mac", "")), mac(self.token, nonce, node)):
-                del self.pending[line]
-                old = self.peers.get(node)
-                if old is not None:
-                    old.close()
-                self.peers[node] = line
-                if msg.get("done"):  # its ranks all ended before it joined
-                    self.done.add(node)
-                line.send({"welcome": node})
-                if self.stop_reason is not None:
-                    line.send({"stop": {"reason": self.stop_reason}})
-                return
-            line.close()
+            if not (is_int(node) and node in self.expect and is_hex(msg.get("nonce"), NONCE_HEX)
+                    and isinstance(msg.get("done"), bool)):
+                raise ProtocolError("not a hello")
+            if not same_proof(msg.get("mac"), peer_proof(self.token, self.run, node, nonce, msg["nonce"],
+                                                          msg["done"])):
+                raise ProtocolError("node %d's hello did not prove the run's token" % node)
+            self._welcome(line, node, msg, nonce)
+            return
         if line.closed or now - since > HELLO_TIMEOUT:
             line.close()
             self.pending.pop(line, None)
 
-    def _hear(self, node, msg):
-        if "failed" in msg and self.failure is None:
-            f = msg["failed"] if isinstance(msg["failed"], dict) else {}
-            self.failure = "rank %s on node %d failed" % (f.get("rank"), node)
-        if "done" in msg:
+    def _welcome(self, line, node, hello, nonce):
+        del self.pending[line]
+        old = self.peers.get(node)
+        if old is not None:
+            old.close()
+        self.peers[node] = line
+        self.lost.discard(node)
+        if hello["done"]:  # its ranks all ended before it joined
             self.done.add(node)
+        line.send({"welcome": node, "mac": coordinator_proof(self.token, self.run, node, hello["nonce"], nonce)})
+        if self.stop_reason is not None:
+            line.send({"stop": {"reason": self.stop_reason[:MAX_REASON]}})
+
+    def _listen(self, node, line):
+        for msg in line.receive():
+            if "beat" in msg:
+                if not isinstance(msg["beat"], (int, float)) or isinstance(msg["beat"], bool):
+                    raise ProtocolError("a beat without a time")
+            elif "failed" in msg:
+                f = failure_of(msg)
+                if self.failure is None:
+                    self.failure = "rank %s on node %d failed" % (f.get("rank"), node)
+            elif "done" in msg:
+                if msg["done"] != node:
+                    raise ProtocolError("node %d said another node is done" % node)
+                self.done.add(node)
+            else:
+                raise ProtocolError("an unknown message")
 
     def waiting(self, now):
         """Whether peers may still run (the coordinator must stay up for them)."""
@@ -198,84 +303,163 @@ class Peer:
     """Another host's side: joins the coordinator, reports its failure and its end, obeys a stop."""
 
     def __init__(self, conf, node_rank, log):
-        self.addr = (conf["addr"], int(conf["port"]))
+        resolved = sorted(resolve_all([conf["addr"]]))  # once: a non-blocking connect must not wait on DNS
+        self.addr = (resolved[0] if resolved else conf["addr"], int(conf["port"]))
+        self.source = conf.get("bind") or ""  # this host's own address: where the coordinator expects us from
+        self.local = None  # the address we connect from (source_for), once worked out
         self.token = conf["token"]
+        self.run = str(conf.get("run") or "")
         self.node_rank = node_rank
         self.host_lost = float(conf["host_lost"])
         self.join_by = time.time() + float(conf["join_timeout"])
         self.log = log
         self.line = None
-        self.joined = False
+        self.connecting = None  # (socket or None, since): a connect in progress (non-blocking)
+        self.challenge = self.nonce = None  # this connection's two nonces, once the hello went out
+        self.authenticated = False  # this connection's coordinator proved the token
+        self.joined = False  # some connection did: from then on its silence counts
         self.gave_up = False
         self.stop_reason = None  # what the coordinator said, or why we lost it
         self.last_try = 0.0
         self.last_beat = 0.0
-        self.lost_since = None
+        self.last_heard = None  # the coordinator's last authenticated word
         self.done = False  # this host's ranks have all ended: said in the hello, or sent once joined
         self.said_done = False
 
     def tick(self, now):
-        if self.gave_up:
+        if self.gave_up or self._silent(now):
             return
         if self.line is None or self.line.closed:
             self._connect(now)
             return
-        for msg in self.line.receive():
-            self._on_message(msg)
-        if self.joined and self.done and not self.said_done:
+        try:
+            for msg in self.line.receive():
+                self._on_message(msg, now)
+        except Exception as exc:  # garbage on the line: drop it (and reconnect), never the supervisor
+            self.log("dropped the coordinator's connection: %s: %s" % (type(exc).__name__, exc))
+            self._drop()
+            return
+        if self.authenticated and self.done and not self.said_done:
             self.line.send({"done": self.node_rank})
             self.said_done = True
-        if self.joined and now - self.last_beat >= BEAT_EVERY:
+        if self.authenticated and now - self.last_beat >= BEAT_EVERY:
             self.line.send({"beat": now})
             self.last_beat = now
 
-    def _on_message(self, msg):
-        """The coordinator's challenge (answered by the hello), its welcome, or its stop (the first one counts)."""
-        if "challenge" in msg:
-            self.line.send({"hello": self.node_rank, "done": self.done,
-                            "mac": mac(self.token, str(msg["challenge"]), self.node_rank)})
+    def _silent(self, now):
+        """Rank 0's host said nothing for host_lost seconds since we joined (frozen, cut off, gone): stop."""
+        if not self.joined or now - self.last_heard <= self.host_lost or self.stop_reason is not None:
+            return False
+        self.stop_reason = "lost contact with rank 0's host (silent for %gs)" % self.host_lost
+        self.log("stopping: " + self.stop_reason)
+        self.gave_up = True
+        self._drop()
+        return True
+
+    def _drop(self):
+        if self.line is not None:
+            self.line.close()
+        self.line = None
+        self.authenticated = False
+
+    def _on_message(self, msg, now):
+        """The coordinator's challenge (answered by the hello), its welcome (checked), then its beats and stop."""
+        if self.authenticated:
+            self._on_word(msg, now)
+        elif "challenge" in msg and self.nonce is None:
+            if not is_hex(msg["challenge"], NONCE_HEX):
+                raise ProtocolError("a challenge that is not a nonce")
+            self.challenge, self.nonce = msg["challenge"], os.urandom(NONCE_HEX // 2).hex()
             self.said_done = self.done
-        elif "welcome" in msg:
-            self.joined = True
-            self.lost_since = None
-        elif "stop" in msg and self.stop_reason is None:
-            self.stop_reason = str((msg["stop"] or {}).get("reason") or "stopped by rank 0's host")
+            self.line.send({"hello": self.node_rank, "nonce": self.nonce, "done": self.done,
+                            "mac": peer_proof(self.token, self.run, self.node_rank, self.challenge, self.nonce,
+                                              self.done)})
+        elif "welcome" in msg and self.nonce is not None:
+            expected = coordinator_proof(self.token, self.run, self.node_rank, self.nonce, self.challenge)
+            if msg["welcome"] != self.node_rank or not same_proof(msg.get("mac"), expected):
+                raise ProtocolError("the coordinator did not prove the run's token")
+            self.authenticated = self.joined = True
+            self.last_heard = now
+        else:
+            raise ProtocolError("a message before the coordinator proved itself")
+
+    def _on_word(self, msg, now):
+        if "beat" in msg:
+            if not isinstance(msg["beat"], (int, float)) or isinstance(msg["beat"], bool):
+                raise ProtocolError("a beat without a time")
+        elif "stop" in msg:
+            stop = msg["stop"]
+            if not isinstance(stop, dict) or not isinstance(stop.get("reason", ""), str):
+                raise ProtocolError("a stop of the wrong shape")
+            if self.stop_reason is None:
+                self.stop_reason = (stop.get("reason") or "stopped by rank 0's host")[:MAX_REASON]
+        else:
+            raise ProtocolError("an unknown message")
+        self.last_heard = now
 
     def _connect(self, now):
-        if self.joined:  # we had it: lost for host_lost seconds means rank 0's host is gone
-            self.lost_since = self.lost_since or now
-            if now - self.lost_since > self.host_lost and self.stop_reason is None:
-                self.stop_reason = "lost contact with rank 0's host for %gs" % self.host_lost
-                self.gave_up = True
-                return
-        elif now > self.join_by:
+        if not self.joined and now > self.join_by:
             self.log("cannot reach the coordinator at %s:%d: this run has the controller's guarantees only"
                      % self.addr)
             self.gave_up = True
             return
-        if now - self.last_try < 0.5:
-            return
-        self.last_try = now
+        if self.connecting is not None:
+            self._finish_connect(now)
+        elif now - self.last_try >= 0.5:
+            self.last_try = now
+            self.connecting = (self._start_connect(), now)
+
+    def _start_connect(self):
+        sock = socket.socket(socket.AF_INET6 if ":" in self.addr[0] else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        if self.local is None:
+            self.local = source_for(self.source, self.addr[0]) if self.source else ""
+        local = self.local
         try:
-            sock = socket.create_connection(self.addr, timeout=1.0)
+            if local:  # from our own address: the one the coordinator lets in
+                sock.bind((local, 0))
+            err = sock.connect_ex(self.addr)
         except OSError:
-            return
-        self.line = Line(sock)
+            sock.close()
+            return None
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+            sock.close()
+            return None
+        return sock
+
+    def _finish_connect(self, now):
+        sock, since = self.connecting
+        if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+            try:
+                sock.getpeername()
+            except OSError:  # still connecting
+                if now - since <= 1.0:
+                    return
+            else:
+                self.connecting = None
+                self.line = Line(sock, self.addr[0])
+                self.challenge = self.nonce = None
+                self.authenticated = False
+                return
+        if sock is not None:
+            sock.close()
+        self.connecting = None
 
     def send(self, obj):
-        if self.line is not None and not self.line.closed:
+        if self.line is not None and not self.line.closed and self.authenticated:
             self.line.send(obj)
 
     def finish(self, deadline):
         """Before this supervisor exits: make sure the coordinator heard that it is done (a peer that said
         hello and then vanished without a word would count as a lost host)."""
         self.done = True
-        while not self.gave_up and not (self.joined and self.said_done) and time.time() < deadline:
-            if self.line is None and not self.joined:
+        while not self.gave_up and not (self.authenticated and self.said_done) and time.time() < deadline:
+            if self.line is None and self.connecting is None and not self.joined:
                 return  # never connected: nothing half-said to take back
             self.tick(time.time())
             time.sleep(0.02)
 
     def close(self):
-        if self.line is not None:
-            self.line.close()
+        self._drop()
+        if self.connecting is not None and self.connecting[0] is not None:
+            self.connecting[0].close()

@@ -5,7 +5,7 @@ import subprocess
 import time
 
 from ..paths import job_dir, log_path
-from ..procs import start_ticks
+from ..procs import die_with_parent, start_ticks
 from .supervisor import Supervisor
 
 
@@ -29,7 +29,7 @@ class RankSupervisor(Supervisor):
             try:
                 proc = subprocess.Popen(r["argv"], cwd=job_dir(self.run_dir), env=env,
                                         stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                        close_fds=True)
+                                        close_fds=True, preexec_fn=die_with_parent)
             except OSError as exc:
                 os.write(fd, ("clusterrun: cannot start rank %d (%s): %s\n" % (rank, r["argv"][0], exc)).encode())
                 self.record(rank, exit_code=127, started_at=time.time(), error=str(exc))

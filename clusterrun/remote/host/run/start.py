@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+from ..disk.lock import run_lock
 from ..files import read_json, write_json_atomic
 from ..paths import job_dir, run_root
 from ..wire import Fail, reply
@@ -21,7 +22,19 @@ def cmd_start(run_dir):
 
 
 def start_run(run_dir, spec):
-    """Write the spec (0600), fork the detached supervisor, and return its state once the ranks run."""
+    """Write the spec (0600), fork the detached supervisor, and return its state once the ranks run; under
+    the run folder's lock, which `clean` takes too (disk/lock.py)."""
+    lock = run_lock(run_root(run_dir), wait=30.0)
+    if lock is None:
+        raise Fail("the run folder is gone or stays locked (a `clusterrun clean` on this host?)", "missing",
+                   run_dir)
+    try:
+        return _start_locked(run_dir, spec, lock)
+    finally:
+        os.close(lock)
+
+
+def _start_locked(run_dir, spec, lock):
     if not os.path.isdir(job_dir(run_dir)):
         raise Fail("the job was not pushed to this host", "missing", run_dir)
     if run_root(run_dir) != run_dir:  # a restart: its own folder beside the first attempt's files
@@ -37,6 +50,7 @@ def start_run(run_dir, spec):
     pid = os.fork()  # the supervisor is this process's twin: no second interpreter start-up
     if pid == 0:
         code = 1
+        os.close(lock)  # the lock is this start's, not the run's life long (the next attempt takes it)
         try:
             os.setsid()  # its own session: the SSH channel closing (SIGHUP, EOF) never reaches it
             os.chdir(run_dir)

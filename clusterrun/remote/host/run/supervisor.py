@@ -45,6 +45,7 @@ class Supervisor:
         self.coordinator = Coordinator(peers, self.log) if peers.get("coordinator") else None
         self.peer = Peer(peers, int(spec.get("node_rank", 0)), self.log) if peers.get("addr") else None
         self.told_failure = self.told_done = False
+        self.mesh_errors = 0
 
     def environment(self, env):
         """What a process of this run gets: this host's environment, the spec's, the process marker, and a
@@ -85,8 +86,7 @@ class Supervisor:
         for side in (self.coordinator, self.peer):
             if side is not None:
                 side.close()
-        scrub_run(self.run_dir, self.spec, [int(k) for k in self.exits] + [int(k) for k in self.ranks],
-                  extra_logs=("launcher.log", "setup.log"))
+        scrub_run(self.run_dir, self.spec)
         write_json_atomic(os.path.join(self.run_dir, "done.json"), {"ended_at": time.time()})
         return 0
 
@@ -104,7 +104,18 @@ class Supervisor:
         return self.coordinator is not None and self.coordinator.waiting(now)
 
     def talk(self, now):
-        """The peers' side of the promises: report this host's first failure and its end; hear theirs."""
+        """The peers' side of the promises: report this host's first failure and its end; hear theirs.
+        Nothing that happens there may end this supervisor: its ranks, time limit and records go on."""
+        try:
+            self._talk(now)
+        except Exception:
+            self.mesh_errors += 1
+            if self.mesh_errors <= 5:
+                import traceback
+
+                self.log("peer mesh: %s" % traceback.format_exc(limit=4).strip())
+
+    def _talk(self, now):
         if self.coordinator is not None:
             self.coordinator.tick(now)
             if self.stopping_since is not None:

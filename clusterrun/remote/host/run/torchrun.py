@@ -5,6 +5,7 @@ start: torchrun runs every worker through the shim worker.py, which registers it
 
 Files in the run folder (besides spec.json, state.json, rank-<R>.log, rank-<R>.exit, done.json):
   launcher.log                 torchrun's own output (rendezvous, restarts, its failure summary)
+  torchelastic/                torchrun's --log-dir: the workers' error files
   workers/rank-<R>.json        a worker's registration: {rank, local_rank, restart, pid, pgid, ticks, started_at}
   workers/rank-<R>.result      how it ended: {rank, restart, exit_code, signal, stopped, error, traceback, ...}
 state.json adds "launcher": {pid, pgid, ticks, started_at} and "restarts" (torchrun's restart count), and its
@@ -22,10 +23,11 @@ import time
 
 from ..files import read_json
 from ..paths import job_dir
-from ..procs import same_process, start_ticks
+from ..procs import die_with_parent, same_process, start_ticks
 from .supervisor import Supervisor
 
 LAUNCHER_LOG = "launcher.log"
+ELASTIC_DIR = "torchelastic"
 TAIL = 16 * 1024
 
 
@@ -62,13 +64,16 @@ class TorchrunSupervisor(Supervisor):
             return
         os.makedirs(self.workers, 0o700, exist_ok=True)
         shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
-        argv = list(self.spec["command"]) + [shim, self.run_dir, "--"] + list(self.spec["entry"])
+        # torch's error files (they hold the failing worker's traceback) go under the run folder, where the
+        # scrub finds them, not under /tmp
+        argv = list(self.spec["command"]) + ["--log-dir", os.path.join(self.run_dir, ELASTIC_DIR), shim,
+                                             self.run_dir, "--"] + list(self.spec["entry"])
         env = self.environment(self.spec["env"])
         fd = os.open(os.path.join(self.run_dir, LAUNCHER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self.proc = subprocess.Popen(argv, cwd=job_dir(self.run_dir), env=env,
                                          stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                         close_fds=True)
+                                         close_fds=True, preexec_fn=die_with_parent)
         except OSError as exc:
             os.write(fd, ("clusterrun: cannot start torchrun (%s): %s\n" % (argv[0], exc)).encode())
             for rank in expected:

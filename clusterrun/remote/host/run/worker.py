@@ -10,7 +10,8 @@ restarts), registers itself, then runs the user's entry (`script args` or `-m mo
                                      started_at, ended_at}                                (at the end)
 
 Signals torchrun sends to the worker are forwarded to the child (a stop, not a failure); the child dies
-with the shim (PR_SET_PDEATHSIG) should torchrun SIGKILL it; the shim then ends the way the child did
+with the shim (PR_SET_PDEATHSIG) should torchrun SIGKILL it, and the shim dies with torchrun (the same,
+should its supervisor die and take torchrun with it); the shim then ends the way the child did
 (same exit code, or the same signal), so torchrun sees exactly what the user's process did. A failing
 child that wrote no torchelastic error file gets one, holding the exception and traceback found in its
 log, so torchrun's own summary shows them too. Stdlib only; a file of its own (torchrun runs it by path).
@@ -88,6 +89,7 @@ def die_with_parent():
 
 
 def main(argv):
+    die_with_parent()  # torchrun gone (SIGKILLed with its supervisor): so is this shim, and its child with it
     run_dir, entry = argv[1], argv[3:]
     rank, restart = int(os.environ["RANK"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     workers = os.path.join(run_dir, "workers")
