@@ -25,3 +25,14 @@ def test_every_kind_of_skip_fails_under_no_skip(pytester, monkeypatch, case):
     assert "CLUSTERRUN_NO_SKIP=1" in result.stdout.str()
     monkeypatch.delenv("CLUSTERRUN_NO_SKIP")
     assert pytester.runpytest_subprocess("-p", "no:cacheprovider").ret in (0, 5)  # without it: a skip is a skip
+
+
+def test_test_modules_have_names_unique_across_lanes():
+    """pytest imports test modules by basename (rootdir/prepend mode): two lanes' test_x.py collide at
+    collection and the whole run stops (it happened: a unit and an integration test_network.py)."""
+    from collections import Counter
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    names = Counter(p.name for p in tests.rglob("*.py") if p.name != "__init__.py" and p.name != "conftest.py")
+    assert [n for n, count in names.items() if count > 1] == []
