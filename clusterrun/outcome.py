@@ -8,6 +8,7 @@ one that ended first on the controller's clock (host clocks corrected), ties bro
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import signal as _signal
 import time
@@ -121,6 +122,7 @@ class RunOutcome:
     seconds: float = 0.0
     phases: Tuple[Tuple[str, float], ...] = field(default=())
     attempts: Tuple[AttemptSummary, ...] = ()  # job.restarts: every attempt, the last one included
+    hint: str = ""  # what to change, from the root cause's last lines (hint_for)
 
     @property
     def failed(self) -> bool:
@@ -159,10 +161,63 @@ _HINTS = (
 )
 
 
-def hint_for(result: RankResult) -> str:
-    """A hint for the root cause, from the rank's last log lines ("" when none applies)."""
+# A rank that could not connect to a peer at the address the peer offered: gloo's "remote=[ADDR]:PORT"
+# (also "Connect timeout [ADDR]:PORT"), NCCL's "Connect to ADDR<PORT> failed".
+_GLOO_PEER = re.compile(r"(?:remote=|[Cc]onnect timeout |connect )\[([0-9A-Fa-f.:%]+)\]:(\d+)")
+_NCCL_PEER = re.compile(r"Connect to \[?([0-9A-Fa-f.:%]+?)\]?<(\d+)>")
+_IFNAME_FIX = ("network.ifname: auto (the default: clusterrun sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME "
+               "to the interface that leads to rank 0's addr) or network.ifname: NAME")
+
+Addresses = Mapping[str, Tuple[str, str]]  # address → (host, "addr" | "chosen" | the interface holding it)
+
+
+def hint_for(result: RankResult, addresses: Optional[Addresses] = None) -> str:
+    """A hint for the root cause, from the rank's last log lines ("" when none applies). addresses: what
+    the run knows of its hosts' addresses (plan.known_addresses), to say whose an address is."""
     text = "\n".join(result.tail)
-    return next((hint for pattern, hint in _HINTS if pattern.search(text)), "")
+    return next((hint for pattern, hint in _HINTS if pattern.search(text)), "") or \
+        network_hint(result, text, addresses or {})
+
+
+def _peer_address(text: str) -> Optional[Tuple[str, str]]:
+    """(address, port) of the last gloo or NCCL connection failure in text."""
+    found = None
+    for line in text.splitlines():
+        lower = line.lower()
+        pattern = _GLOO_PEER if "gloo" in lower or "pair.cc" in lower else _NCCL_PEER if "nccl" in lower else None
+        match = pattern.search(line) if pattern else None
+        if match:
+            found = (match.group(1), match.group(2))
+    return found
+
+
+def network_hint(result: RankResult, text: str, addresses: Addresses) -> str:
+    """A rank that could not reach a peer at a loopback address, an address no host of the run has, or
+    one on an interface the others cannot use: whose address it is, and the fix. "" for an address that
+    is a host's own (a peer that died or a firewall: not an interface problem)."""
+    found = _peer_address(text)
+    if found is None:
+        return ""
+    addr, port = found
+    who = f"rank {result.rank} on {result.host} could not connect to {addr}:{port}"
+    try:
+        loopback = ipaddress.ip_address(addr.split("%")[0]).is_loopback
+    except ValueError:
+        return ""
+    if loopback:
+        return (f"{who}, a loopback address (on {result.host} it is {result.host} itself): the peer's own name "
+                "resolves to it (Debian and Ubuntu put a host's name on 127.0.1.1 in /etc/hosts), so torch "
+                f"offered it to the others. Fix: {_IFNAME_FIX}, or map each host's name to its network address "
+                "in /etc/hosts")
+    host, where = addresses.get(addr, ("", ""))
+    if not host:
+        return (f"{who}, which is no address of any host of this run: a peer offered an address the others "
+                f"cannot use (its name resolves to a stale or foreign address). Fix: {_IFNAME_FIX}, or correct "
+                "the host's name in /etc/hosts (or DNS)")
+    if where in ("addr", "chosen"):
+        return ""
+    return (f"{who}, {host}'s address on {where}, not on the interface the other hosts reach {host} by. "
+            f"Fix: {_IFNAME_FIX} for {host}")
 
 
 def signal_name(sig: int) -> str:
@@ -187,12 +242,21 @@ def _ended_by(ranks: Sequence[RankResult], ended_by: Optional[EndedBy]) -> Optio
 
 
 def decide(run_id: str, ranks: Sequence[RankResult], *, ended_by: Optional[EndedBy] = None,
-           time_limit: Optional[float] = None, stop_note: str = "") -> Optional[RunOutcome]:
+           time_limit: Optional[float] = None, stop_note: str = "",
+           addresses: Optional[Addresses] = None) -> Optional[RunOutcome]:
     """The run's end from its ranks, or None while a rank may still run and nothing forces the end.
 
     ended_by: why clusterrun ended the run, if it did. stop_note: what to say when the ranks were
-    stopped without failing (the reason the registry holds, if any)."""
-    ranks = tuple(ranks)
+    stopped without failing (the reason the registry holds, if any). addresses: the hosts' addresses,
+    for the root cause's hint (hint_for)."""
+    result = _decide(run_id, tuple(ranks), ended_by, time_limit, stop_note)
+    if result is None or result.root_cause is None:
+        return result
+    return replace(result, hint=hint_for(result.root_cause, addresses))
+
+
+def _decide(run_id: str, ranks: Tuple[RankResult, ...], ended_by: Optional[EndedBy], time_limit: Optional[float],
+            stop_note: str) -> Optional[RunOutcome]:
     root = root_cause(ranks)
     ended_by = _ended_by(ranks, ended_by)
     if ended_by is EndedBy.INTERRUPT:

@@ -6,7 +6,8 @@ Three ways to start a job, for the three kinds of scripts people have:
   environment only (torchrun's contract: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...);
 - launcher torchrun: one `python -m torch.distributed.run` per host, which starts the host's workers.
 Placeholders in args and env values ({rank}, {dist_url}, ...) are rendered here, per rank (per host
-under torchrun).
+under torchrun). The interface torch uses (network.ifname) is decided here too, from what each host's
+push found (remote/host/net/ifaces.py): GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, where env: leaves them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ PER_WORKER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP
 SOFT_DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}  # ranks flush per line unless the user says otherwise
 TORCHRUN = ("-m", "torch.distributed.run")
 AUTO_PORT = "auto"
+IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # what network.ifname sets, unless env: does
 MASK = "***"
 
 
@@ -48,6 +50,21 @@ class RankSpec:
 
 
 @dataclass(frozen=True)
+class NetChoice:
+    """The interface a host's ranks use (network.ifname), and why."""
+
+    mode: str  # the inventory's network.ifname for this host: auto | none | an interface name
+    ifname: Optional[str]  # what clusterrun sets IFNAME_ENV to (None: it sets nothing)
+    why: str
+    env: Tuple[str, ...] = ()  # the variables clusterrun sets (those env: does not)
+    addrs: Tuple[Tuple[str, str], ...] = ()  # (interface, address) of the host's, as its push reported them
+    mtu: Optional[int] = None  # of the chosen interface, where known
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "ifname": self.ifname, "why": self.why, "env": list(self.env), "mtu": self.mtu}
+
+
+@dataclass(frozen=True)
 class NodePlan:
     node_rank: int  # this host's place in this attempt's world (node order of the hosts taking part)
     host: Host
@@ -57,6 +74,7 @@ class NodePlan:
     entry: Tuple[str, ...] = ()  # launcher torchrun: what each worker runs (script or -m module, args)
     env: Mapping[str, str] = field(default_factory=dict)  # launcher torchrun: the env torchrun gets
     index: int = -1  # the host's place in the inventory (its node rank in attempt 0)
+    network: Optional[NetChoice] = None
 
     @property
     def job_dir(self) -> str:
@@ -115,11 +133,40 @@ def init_url(inv: Inventory, run_id: str, addr: str, port: str, attempt: int = 0
     return f"file://{inv.job.shared_dir.rstrip('/')}/clusterrun-{run_id}{suffix}.init"
 
 
+def net_choice(host: Host, found: Optional[Mapping], master_addr: str) -> NetChoice:
+    """What network.ifname means for this host, given what its push found toward rank 0's addr (found:
+    remote/host/net/ifaces.find's answer; None before the push: --dry-run, the plan made before it)."""
+    mode = host.ifname
+    env = tuple(v for v in IFNAME_ENV if v not in host.env)
+    mine = tuple(v for v in IFNAME_ENV if v in host.env)
+    taken = f"; {', '.join(mine)} from env:" if mine else ""
+    found = found or {}
+    addrs = tuple((i.get("name", "?"), a) for i in found.get("interfaces") or () for a in i.get("addrs") or ())
+    if mode == "none":
+        return NetChoice(mode, None, f"none ({host.ifname_key}): torch picks (gloo: the address "
+                                     f"the host's name resolves to){taken}", (), addrs)
+    if mode != "auto":
+        return NetChoice(mode, mode, f"{mode} ({host.ifname_key}){taken}", env, addrs, _mtu_of(found, mode))
+    if not found:
+        return NetChoice(mode, None, f"auto: the interface that carries the route to {master_addr}, found while "
+                                     f"pushing{taken}", (), addrs)
+    if not found.get("ifname"):
+        return NetChoice(mode, None, f"auto: none found ({found.get('why', 'no answer')}): torch picks{taken}",
+                         (), addrs)
+    return NetChoice(mode, found["ifname"], f"auto: {found.get('why', found['ifname'])}{taken}", env, addrs,
+                     found.get("mtu"))
+
+
+def _mtu_of(found: Mapping, name: str) -> Optional[int]:
+    return next((i.get("mtu") for i in found.get("interfaces") or () if i.get("name") == name), None)
+
+
 def build_plan(inv: Inventory, run_id: str, *, master_port: Optional[int] = None, attempt: int = 0,
-               hosts: Optional[Sequence[int]] = None) -> LaunchPlan:
+               hosts: Optional[Sequence[int]] = None, network: Optional[Mapping[int, Mapping]] = None) -> LaunchPlan:
     """Place ranks on hosts in node order (global rank = node order x slots) and fill in argv and env.
 
-    hosts: the inventory indices taking part (a restart's survivors); every host when None."""
+    hosts: the inventory indices taking part (a restart's survivors); every host when None. network: by
+    inventory index, what each host's push found toward rank 0's addr (net_choice)."""
     if inv.job.entry is None:
         raise UsageError(f"{inv.path}: no job script; give one with --script PATH or job.script (or job.module)")
     for host in inv.hosts:
@@ -139,12 +186,13 @@ def build_plan(inv: Inventory, run_id: str, *, master_port: Optional[int] = None
     rank = 0
     for node_rank, (index, host) in enumerate(zip(indices, members)):
         values = {**common, "node_rank": node_rank, "nproc_per_node": host.slots}
+        net = net_choice(host, (network or {}).get(index), master_addr)
         ranks = []
         for local_rank in range(host.slots):
-            ranks.append(_rank(inv, host, dict(values, rank=rank, local_rank=local_rank), port_text))
+            ranks.append(_rank(inv, host, dict(values, rank=rank, local_rank=local_rank), port_text, net))
             rank += 1
         node = NodePlan(node_rank=node_rank, host=host, run_dir=run_dir_for(host, run_id), ranks=tuple(ranks),
-                        index=index)
+                        index=index, network=net)
         if inv.job.launcher == "torchrun":
             node = _torchrun_node(inv, node, values, port_text)
         nodes.append(node)
@@ -170,9 +218,10 @@ def _contract_env(inv: Inventory, host: Host, values: Mapping[str, object], port
     }
 
 
-def _rank(inv: Inventory, host: Host, values: Mapping[str, object], port_text: str) -> RankSpec:
+def _rank(inv: Inventory, host: Host, values: Mapping[str, object], port_text: str, net: NetChoice) -> RankSpec:
     job = inv.job
     env: Dict[str, str] = {**SOFT_DEFAULT_ENV, **{k: placeholders.render(v, values) for k, v in host.env.items()}}
+    env.update({name: net.ifname for name in net.env if net.ifname})
     env.update(_contract_env(inv, host, values, port_text))
     flags = ("--rank", str(values["rank"]), "--world-size", str(values["world_size"])) if job.rank_flags else ()
     argv = (host.python, *job.entry, *flags, *(placeholders.render(a, values) for a in job.args))
@@ -200,7 +249,7 @@ def _torchrun_node(inv: Inventory, node: NodePlan, values: Mapping[str, object],
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update({k: placeholders.render(v, values) for k, v in host.env.items()})
     return NodePlan(node_rank=node.node_rank, host=host, run_dir=node.run_dir, ranks=node.ranks, torchrun=torchrun,
-                    entry=entry, env=env, index=node.index)
+                    entry=entry, env=env, index=node.index, network=node.network)
 
 
 def setup_request(inv: Inventory, plan: LaunchPlan, node: NodePlan, files: Mapping[str, object],
@@ -216,6 +265,19 @@ def setup_request(inv: Inventory, plan: LaunchPlan, node: NodePlan, files: Mappi
     env.update({name: secrets[name] for name in plan.secret_names})
     return {"commands": list(inv.job.setup), "key": key, "timeout": inv.timeouts.setup, "env": env,
             "secret_names": list(plan.secret_names)}
+
+
+def known_addresses(plan: LaunchPlan) -> Dict[str, Tuple[str, str]]:
+    """Every address the run knows of its hosts → (host, "addr" | "chosen" | the interface that holds it), for
+    the root cause's hint (outcome.network_hint): the inventory's addr, the chosen interface's addresses,
+    the others as the push reported them."""
+    out: Dict[str, Tuple[str, str]] = {}
+    for node in plan.nodes:
+        chosen = node.network.ifname if node.network else None
+        for iface, addr in node.network.addrs if node.network else ():
+            out.setdefault(addr, (node.host.name, "chosen" if iface == chosen else iface))
+        out[node.host.master_addr] = (node.host.name, "addr")
+    return out
 
 
 def node_command(node: NodePlan) -> Tuple[str, ...]:
@@ -255,6 +317,7 @@ def plan_to_dict(plan: LaunchPlan) -> dict:
         "launcher": plan.launcher, "attempt": plan.attempt,
         "nodes": [{"node_rank": n.node_rank, "index": n.index, "name": n.host.name, "host": n.host.host,
                    "connection": n.host.connection, "run_dir": n.run_dir,
+                   **({"network": n.network.to_json()} if n.network else {}),
                    **({"command": list(node_command(n)), "env": dict(n.env)} if n.torchrun else {}),
                    "ranks": [{"rank": r.rank, "local_rank": r.local_rank, "argv": list(r.argv),
                               "env": dict(r.env)} for r in n.ranks]} for n in plan.nodes],

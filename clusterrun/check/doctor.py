@@ -24,7 +24,8 @@ from ..errors import ClusterrunError, HostError, RemoteCommandError
 from ..hosts.client import HostClient, make_connect
 from ..hosts.group import background, fan_out
 from ..hosts.relay import relay_wanted
-from .net import connect_result, iface_result, relay_result, shared_result
+from .net import (addr_result, connect_result, dns_result, iface_result, mtu_results, relay_result, shared_result,
+                  used_interface)
 from ..hosts.probe import Listener, ProbeAnswer, Started, reach
 from .rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result, clock_skew,
                     cuda_result, disk_result, port_text, probe_failed, python_results, shell_noise, ssh_failed,
@@ -140,7 +141,8 @@ class _Session:
         deadline = time.monotonic() + t.command
         try:  # first, so that the slow torch import overlaps everything else
             facts = Started(client.transport, host.python, "facts", {
-                "workdir": host.workdir, "master_addr": self.master_addr, "torch": True, "env": dict(host.env),
+                "workdir": host.workdir, "master_addr": self.master_addr, "own_addr": host.master_addr,
+                "torch": True, "env": dict(host.env),
                 "torch_timeout": max(1.0, t.command - 2)})
             facts.early("time", deadline)
         except HostError as exc:
@@ -262,6 +264,7 @@ class _Context:
     multi_machine: bool
     pythons: Mapping[str, CheckResult]
     torches: Mapping[str, CheckResult]
+    mtus: Mapping[str, CheckResult]
     push_bytes: Optional[int]
     push_error: str
     relay_seen: Optional[Mapping[int, frozenset]]  # names each relay listener saw, by node rank (None: no chain)
@@ -302,7 +305,19 @@ def _connect(c: _Context, o: Observed, f: dict) -> CheckResult:
 
 
 def _iface(c: _Context, o: Observed, f: dict) -> CheckResult:
-    return iface_result(f["net"], c.inv.job.backend, o.host.env, c.multi_machine)
+    return iface_result(f["net"], c.inv.job.backend, o.host.env, c.multi_machine, o.host.ifname)
+
+
+def _addr(c: _Context, o: Observed, f: dict) -> CheckResult:
+    return addr_result(f["net"], o.host.master_addr, o.host.addr is not None, o.host.connection)
+
+
+def _dns(c: _Context, o: Observed, f: dict) -> CheckResult:
+    return dns_result(f["net"])
+
+
+def _mtu(c: _Context, o: Observed, f: dict) -> CheckResult:
+    return c.mtus.get(o.host.name) or CheckResult("mtu", SKIP, "not probed", "", "·")
 
 
 def _disk(c: _Context, o: Observed, f: dict) -> CheckResult:
@@ -331,7 +346,8 @@ def _clock(c: _Context, o: Observed, f: dict) -> CheckResult:
 
 # Every check after ssh, in the order of the report's columns (rules.CHECKS must list the same names).
 JUDGES: Dict[str, Judge] = {"python": _python, "torch": _torch, "cuda": _cuda, "port": _port, "connect": _connect,
-                            "iface": _iface, "disk": _disk, "shared": _shared, "relay": _relay,
+                            "iface": _iface, "addr": _addr, "dns": _dns, "mtu": _mtu, "disk": _disk,
+                            "shared": _shared, "relay": _relay,
                             "clock": _clock}
 
 
@@ -343,13 +359,16 @@ def _context(inv: Inventory, observed: List[Observed], listener: Optional[Listen
     pythons, notes = python_results(facts)
     torches, torch_notes = torch_results({h: f["torch"] for h, f in facts.items() if "torch" in f},
                                          {h: f["executable"] for h, f in facts.items()})
+    hosts = {h.name: h for h in inv.hosts}
+    mtus, mtu_notes = mtu_results({h: used_interface(f["net"], hosts[h].ifname, hosts[h].env, inv.job.backend)
+                                   for h, f in facts.items() if "net" in f})
     ready = listener.ready if listener else {}
     bound = ready.get("port") or {}
     context = _Context(inv, master_addr, wanted_port, bound.get("port") if bound.get("free") else wanted_port,
                        bound, ready, _no_test(listener, rank0),
                        frozenset(name for _, name in listener.peers) if listener and ready else None,
-                       _machine_count(inv) > 1, pythons, torches, push_bytes, push_error, relay_seen)
-    return context, notes + torch_notes
+                       _machine_count(inv) > 1, pythons, torches, mtus, push_bytes, push_error, relay_seen)
+    return context, notes + torch_notes + mtu_notes
 
 
 def _no_test(listener: Optional[ListenerSeen], rank0: str) -> str:

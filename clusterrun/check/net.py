@@ -3,15 +3,19 @@
 Why the interface rules look at the hostname: gloo binds to the address the host's own name resolves
 to (ProcessGroupGloo's default device); a name that resolves to 127.0.1.1, as Debian's /etc/hosts
 has it, makes every other host's connection fail. NCCL picks an interface by itself and may choose
-the wrong one where there are several.
+the wrong one where there are several. With network.ifname auto (the default) or a name, clusterrun
+sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, and both problems are worked around; with none they
+stand.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from typing import Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .rules import FAIL, OK, SKIP, WARN, CheckResult
+from .rules import FAIL, OK, SKIP, WARN, CheckResult, disagreement
+
+SLOW_LOOKUP_S = 1.0  # a name lookup slower than this: a dead or slow DNS server (each of torch's lookups waits)
 
 
 def _loopback(addr: str) -> bool:
@@ -70,8 +74,10 @@ def _missing_ifnames(value: str, names: Sequence[str]) -> Sequence[str]:
     return [v for v in wanted if v not in names and not any(n.startswith(v) for n in names)]
 
 
-def iface_result(net: Mapping, backend: str, env: Mapping[str, str], multi_host: bool) -> CheckResult:
-    """The address and interface this host uses toward the master, and the *_SOCKET_IFNAME it needs."""
+def iface_result(net: Mapping, backend: str, env: Mapping[str, str], multi_host: bool,
+                 mode: str = "none") -> CheckResult:
+    """The address and interface this host uses toward the master, and the *_SOCKET_IFNAME it needs.
+    mode: the host's network.ifname (auto: the interface net["choice"] found is what the ranks get)."""
     var = _ifname_var(backend)
     ifaces = list(net.get("interfaces") or [])
     names = [i["name"] for i in ifaces]
@@ -93,11 +99,57 @@ def iface_result(net: Mapping, backend: str, env: Mapping[str, str], multi_host:
     if env.get(var):
         return _ifname_result(var, env[var], names, iface, where, data)
     fix = f"set env: {{{var}: {iface}}} for this host in the inventory"
+    if mode != "none":
+        set_by_us = _set_by_clusterrun(net, mode, names, iface, where, data)
+        if set_by_us is not None:
+            return _worked_around(set_by_us, net, ifaces, source, multi_host and backend != "nccl")
+        fix = f"set network.ifname: {iface} for this host (hosts[i].network), or env: {{{var}: {iface}}}"
     if backend != "nccl" and multi_host:
         problem = _gloo_hostname_problem(net, ifaces, iface, source, fix, data)
         if problem is not None:
             return problem
     return _interfaces_result(ifaces, backend, iface, where, fix, data)
+
+
+def _set_by_clusterrun(net: Mapping, mode: str, names: Sequence[str], iface: str, where: str,
+                       data: dict) -> Optional[CheckResult]:
+    """network.ifname auto or NAME: the interface the ranks get (None: auto found none, torch picks)."""
+    if mode != "auto":
+        if mode not in names and not any(n.startswith(mode) for n in names):
+            return CheckResult("iface", FAIL, f"network.ifname is {mode}, but this host has no IPv4 interface "
+                                              f"{mode} (it has {', '.join(names) or 'none'})",
+                               f"set network.ifname: {iface} for this host (hosts[i].network), or auto",
+                               "no " + mode, data)
+        data["iface"] = mode
+        if mode != iface:
+            return CheckResult("iface", WARN, f"network.ifname {mode}, but traffic to the master leaves via {iface} "
+                                              f"({where}): the others may not reach {mode}'s address",
+                               "set network.ifname: auto (the interface toward rank 0's addr)", mode, data)
+        return CheckResult("iface", OK, f"{where}; ranks get GLOO/NCCL_SOCKET_IFNAME={mode} (network.ifname)", "",
+                           mode, data)
+    choice = net.get("choice") or {}
+    chosen = choice.get("ifname")
+    data["choice"] = {k: choice.get(k) for k in ("ifname", "why", "mtu")}
+    if not chosen:
+        return None
+    data["iface"] = chosen
+    return CheckResult("iface", OK, f"{where}; ranks get GLOO/NCCL_SOCKET_IFNAME={chosen} (auto: "
+                                    f"{choice.get('why', chosen)})", "", chosen, data)
+
+
+def _worked_around(result: CheckResult, net: Mapping, ifaces: Sequence[Mapping], source: str,
+                   gloo_across: bool) -> CheckResult:
+    """A hostname problem that GLOO_SOCKET_IFNAME makes harmless: a note (and the lasting fix), not a failure."""
+    if result.status != OK or not gloo_across:
+        return result
+    problem = _gloo_hostname_problem(net, ifaces, str(result.data.get("iface")), source, "", dict(result.data))
+    if problem is None:
+        return result
+    note = problem.detail.split(": gloo")[0] if ": gloo" in problem.detail else problem.detail
+    return CheckResult("iface", OK, f"{result.detail}. Note: {note}; gloo alone would go by that name, but "
+                                    f"clusterrun sets GLOO_SOCKET_IFNAME={result.short}, so runs are fine",
+                       f"map {net.get('hostname', 'the hostname')} to {source} in /etc/hosts for tools that do not "
+                       "get the variable", result.short, {**result.data, "hostname_problem": problem.short})
 
 
 def _source_iface(ifaces: Sequence[Mapping], source: str) -> str:
@@ -216,3 +268,87 @@ def relay_result(mode: str, chain: bool, next_host: Optional[str], next_addr: st
             "unreachable": f"no route ({reach.get('error')})"}.get(status, f"failed: {reach.get('error')}")
     return CheckResult("relay", WARN, f"cannot connect to {next_host} ({next_addr}): {what}; " + fallback, hint,
                        status or "error", data)
+
+
+def addr_result(net: Mapping, addr: str, explicit: bool, connection: str) -> CheckResult:
+    """The host's addr: (what MASTER_ADDR and the peers' connections use) must be one of its own addresses.
+    explicit: the inventory sets addr: (else it is the ssh host:)."""
+    own = net.get("own") or {}
+    held = _held_addresses(net)
+    ips = own.get("ips") or []
+    data = {"addr": addr, "ips": ips, "interfaces": sorted(held)}
+    if not held:
+        return CheckResult("addr", SKIP, "this host's addresses could not be read", "", "·", data)
+    on = next(((ip, held[ip]) for ip in ips if ip in held), None)
+    if on is not None:
+        shown = addr if addr == on[0] else f"{addr} ({on[0]})"
+        return CheckResult("addr", OK, f"{shown} is on {on[1]}", "", on[1], data)
+    key = "addr:" if explicit else "host: (there is no addr:)"
+    if not ips:
+        return CheckResult("addr", WARN, f"{addr} ({key}) does not resolve on this host: "
+                                         f"{own.get('error') or 'no address'}",
+                           "set addr: to this host's IP address on the network the hosts share", "no name", data)
+    return _addr_elsewhere(addr, key, held, data, fail=explicit and connection != "local")
+
+
+def _held_addresses(net: Mapping) -> Dict[str, str]:
+    """address → the interface of this host that holds it."""
+    return {a: i["name"] for i in (net.get("choice") or {}).get("interfaces") or () for a in i.get("addrs") or ()}
+
+
+def _addr_elsewhere(addr: str, key: str, held: Mapping[str, str], data: dict, fail: bool) -> CheckResult:
+    others = ", ".join(f"{n} {a}" for a, n in sorted(held.items(), key=lambda kv: kv[1]) if n != "lo")
+    detail = (f"{addr} ({key}) is not an address of this host (it has {others or 'none'}): the other hosts' "
+              "connections to it go elsewhere (NAT?), and torch binds to this host's own addresses")
+    return CheckResult("addr", FAIL if fail else WARN, detail, "set addr: to the address the other hosts reach this "
+                                                               "one by", "not here", data)
+
+
+def dns_result(net: Mapping) -> CheckResult:
+    """The name lookups a run makes here (the host's own name; rank 0's addr and this host's when they are
+    names), timed: over SLOW_LOOKUP_S means a dead or slow DNS server, and every lookup torch makes waits."""
+    lookups = list(net.get("lookups") or ())
+    if not lookups:
+        return CheckResult("dns", SKIP, "no lookup timed", "", "·")
+    data = {"lookups": lookups}
+    slow = [x for x in lookups if x.get("seconds", 0) > SLOW_LOOKUP_S or "no answer" in (x.get("error") or "")]
+    text = "; ".join(f"{x['what']} {x['name']} in {x.get('seconds', 0) * 1000:.0f} ms" for x in lookups)
+    if slow:
+        what = "; ".join(f"looking up {x['what']} {x['name']} took {x.get('seconds', 0):.1f} s"
+                         + (f" ({x['error']})" if x.get("error") else "") for x in slow)
+        return CheckResult("dns", WARN, f"{what}: a dead or slow DNS server (every lookup torch makes waits "
+                                        "as long; rendezvous may time out)",
+                           "fix the servers in /etc/resolv.conf, or put the hosts' names in /etc/hosts",
+                           f"{max(x.get('seconds', 0) for x in slow):.1f} s", data)
+    worst = max(x.get("seconds", 0) for x in lookups)
+    return CheckResult("dns", OK, text, "", f"{worst * 1000:.0f} ms", data)
+
+
+def mtu_results(used: Mapping[str, tuple]) -> Tuple[Dict[str, CheckResult], List[str]]:
+    """{host: mtu result} from (interface, MTU) each host's ranks use: the hosts must agree (a host with
+    a larger MTU sends frames the others drop, and collectives stall)."""
+    known = {h: (i, m) for h, (i, m) in used.items() if m}
+    odd, note = disagreement("MTU", {h: str(m) for h, (_, m) in known.items()})
+    out = {}
+    for host, (iface, mtu) in used.items():
+        data = {"iface": iface, "mtu": mtu}
+        if not mtu:
+            out[host] = CheckResult("mtu", SKIP, f"MTU of {iface or 'the interface'} not known", "", "·", data)
+        elif host in odd:
+            out[host] = CheckResult("mtu", WARN, f"{odd[host]} (on {iface})",
+                                    f"set the same MTU on every host (ip link set dev {iface} mtu N)", str(mtu), data)
+        else:
+            out[host] = CheckResult("mtu", OK, f"{mtu} on {iface}", "", str(mtu), data)
+    return out, [note] if note else []
+
+
+def used_interface(net: Mapping, mode: str, env: Mapping[str, str], backend: str) -> tuple:
+    """(interface, MTU) the ranks of this host use toward the master (for mtu_results)."""
+    var = _ifname_var(backend)
+    choice = net.get("choice") or {}
+    source = _source_iface(net.get("interfaces") or (), net.get("source", "?"))
+    wanted = env.get(var) if env.get(var) and not env[var].startswith(("^", "=")) else None
+    iface = wanted or (mode if mode not in ("auto", "none") else None) or \
+        (choice.get("ifname") if mode == "auto" else None) or source
+    mtu = next((i.get("mtu") for i in choice.get("interfaces") or () if i.get("name") == iface), None)
+    return iface, mtu

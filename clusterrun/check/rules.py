@@ -13,7 +13,8 @@ from ..errors import EXIT_CONNECT, EXIT_OK, AuthError, HostError, HostKeyChanged
 from ..config.sizes import size_text
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-CHECKS = ("ssh", "python", "torch", "cuda", "port", "connect", "iface", "disk", "shared", "relay", "clock")
+CHECKS = ("ssh", "python", "torch", "cuda", "port", "connect", "iface", "addr", "dns", "mtu", "disk", "shared", "relay",
+          "clock")
 SKEW_WARN_S = 1.0  # log lines of different hosts no longer line up, nor do root-cause times
 SKEW_FAIL_S = 30.0  # beyond what TLS and Kerberos tolerate; timestamps across hosts are meaningless
 DISK_SPARE = 1 << 30  # room for logs and checkpoints beside the push, before we call it tight

@@ -1,27 +1,58 @@
-"""`clusterrun check`: the preflight doctor, rendered as a table (or JSON)."""
+"""`clusterrun check`: the preflight doctor, rendered as a table (or JSON); `--net`: the bandwidth map."""
 
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import click
 
-from ..errors import EXIT_CONNECT, EXIT_OK
+from ..errors import EXIT_CONNECT, EXIT_OK, UsageError
 from .common import load
 
 
 @click.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def check(inventory: str, as_json: bool) -> int:
+@click.option("--net", is_flag=True, help="Measure TCP bandwidth and round trips between the hosts instead.")
+@click.option("--mb", type=click.FloatRange(min=0.01, max=4096), default=None,
+              help="With --net: MiB each link sends each way (default 32; at most 1 s per link).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="With --net: write a heatmap of the matrix (PNG; needs matplotlib).")
+def check(inventory: str, as_json: bool, net: bool, mb: Optional[float], plot_path: Optional[str]) -> int:
     """Check every host of INVENTORY before a launch; exit 0 when all pass, 3 when any fails."""
+    from ..ui.console import console
+
+    if not net and (mb is not None or plot_path):
+        raise UsageError("--mb and --plot go with --net")
+    if net:
+        return _net(load(inventory), as_json, mb, plot_path)
     from ..check.doctor import run_checks
     from ..ui.checks import render_checks
-    from ..ui.console import console
 
     report = run_checks(load(inventory))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         render_checks(report, console(stderr=False))
+    return EXIT_OK if report.ok else EXIT_CONNECT
+
+
+def _net(inv, as_json: bool, mb: Optional[float], plot_path: Optional[str]) -> int:
+    from ..check.bandwidth import DEFAULT_MB, plot, run_net_check
+    from ..ui.checks import render_net
+    from ..ui.console import console
+
+    report = run_net_check(inv, mb=mb or DEFAULT_MB)
+    plotted = None
+    if plot_path:
+        try:
+            plotted = plot(report, plot_path)
+        except ImportError:
+            console(stderr=True).print("matplotlib is not installed: no plot (pip install 'clusterrun[plots]')",
+                                       style="yellow", markup=False)
+    if as_json:
+        click.echo(json.dumps({**report.to_json(), "plot": plotted}, indent=2))
+    else:
+        render_net(report, console(stderr=False), plotted)
     return EXIT_OK if report.ok else EXIT_CONNECT

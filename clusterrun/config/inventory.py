@@ -29,9 +29,9 @@ from .yaml_nodes import NodeReader, compose
 
 HOST_KEYS = ("user", "port", "identity_file", "known_hosts", "host_key_policy", "python", "workdir",
              "connection", "env", "proxy_jump", "slots")
-HOST_ONLY_KEYS = ("name", "host", "addr")
+HOST_ONLY_KEYS = ("name", "host", "addr", "network")
 TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace", "setup")
-TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts", "retention", "push")
+TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts", "retention", "push", "network")
 RETENTION_KEYS = ("keep_runs", "max_age", "cache_max")
 
 # What may reach an SSH command line or a file name is held to plain characters; everything else (env
@@ -39,6 +39,8 @@ RETENTION_KEYS = ("keep_runs", "max_age", "cache_max")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IFNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$")  # Linux: at most 15 characters
+IFNAME_MODES = ("auto", "none")  # network.ifname: found at launch / torch's own choice; else an interface name
 JUMP_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9_\[][A-Za-z0-9._:%\[\]-]*(?::\d+)?"
                      r"(?:,(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9_\[][A-Za-z0-9._:%\[\]-]*(?::\d+)?)*$")
 
@@ -61,6 +63,8 @@ class Host:
     env: Mapping[str, str]
     proxy_jump: Optional[str]
     source: str  # file:line:col of the entry, for messages found later
+    ifname: str = "auto"  # network.ifname: auto (found at launch), none (torch's default) or an interface name
+    ifname_key: str = ""  # where the inventory set it (hosts[1].network.ifname, network.ifname; "": the default)
 
     @property
     def master_addr(self) -> str:
@@ -124,8 +128,10 @@ def _read_host_settings(r: NodeReader, entries: Dict[str, Tuple[yaml.Node, yaml.
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _make_host(settings: dict, defaults: dict, local_python: str, source: str) -> Host:
+def _make_host(settings: dict, defaults: dict, local_python: str, source: str,
+               network: Optional[Tuple[str, str]] = None) -> Host:
     merged = {**defaults, **settings}
+    ifname, ifname_key = settings.get("network") or network or ("auto", "")
     merged["env"] = {**defaults.get("env", {}), **settings.get("env", {})}
     connection = merged.get("connection", "ssh")
     host = merged.get("host") or ("localhost" if connection == "local" else "")
@@ -137,7 +143,7 @@ def _make_host(settings: dict, defaults: dict, local_python: str, source: str) -
         host_key_policy=merged.get("host_key_policy", "strict"),
         python=merged.get("python") or ("python3" if connection == "ssh" else local_python),
         workdir=merged.get("workdir", "~/.clusterrun"), env=merged["env"], proxy_jump=merged.get("proxy_jump"),
-        source=source)
+        source=source, ifname=ifname, ifname_key=ifname_key)
 
 
 def _no_files(path: str) -> str:
@@ -160,7 +166,9 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
     defaults: dict = {}
     if "defaults" in top:
         defaults = _read_host_settings(r, r.mapping(top["defaults"][1], "defaults", HOST_KEYS), "defaults")
-    hosts = _read_hosts(r, top["hosts"][1], defaults, base_dir, local_python, read_text) if "hosts" in top else []
+    network = _read_network(r, top["network"][1], "network") if "network" in top else None
+    hosts = _read_hosts(r, top["hosts"][1], defaults, base_dir, local_python, read_text, network) \
+        if "hosts" in top else []
     master_port = _read_master(r, top["master"][1]) if "master" in top else 29500
     secrets = tuple(r.string_list(top["secrets"][1], "secrets", pattern=ENV_NAME_RE,
                                   what="environment variable name")) if "secrets" in top else ()
@@ -205,7 +213,7 @@ def _port_fixed(top: Dict[str, Tuple[yaml.Node, yaml.Node]], master_port: Option
 
 
 def _read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, local_python: str,
-                read_text: Callable[[str], str]) -> List[Host]:
+                read_text: Callable[[str], str], network: Optional[Tuple[str, str]] = None) -> List[Host]:
     if isinstance(hnode, yaml.ScalarNode) and hnode.tag == STR_TAG:
         path = os.path.join(base_dir, os.path.expanduser(hnode.value))
         try:
@@ -213,7 +221,7 @@ def _read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, 
         except OSError as exc:
             r.error(hnode, "hosts", f"cannot read hostfile {path}: {exc.strerror}")
             listed = []
-        return [_make_host(s, defaults, local_python, src) for s, src in listed]
+        return [_make_host(s, defaults, local_python, src, network) for s, src in listed]
     if not isinstance(hnode, yaml.SequenceNode) or not hnode.value:
         r.error(hnode, "hosts", "expected a non-empty list of hosts (or the path of a hostfile)")
         return []
@@ -229,10 +237,14 @@ def _read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, 
                 value = r.string(entries[name][1], f"{key}.{name}", pattern=pattern, what=what)
                 if value is not None:
                     settings[name] = value
+        if "network" in entries:
+            found = _read_network(r, entries["network"][1], f"{key}.network")
+            if found is not None:
+                settings["network"] = found
         if "host" not in entries and {**defaults, **settings}.get("connection", "ssh") == "ssh":
             r.error(item, key, "missing required key 'host'")
         src = f"{r.file}:{item.start_mark.line + 1}:{item.start_mark.column + 1}"
-        hosts.append(_make_host(settings, defaults, local_python, src))
+        hosts.append(_make_host(settings, defaults, local_python, src, network))
     return hosts
 
 
@@ -245,6 +257,19 @@ def _read_master(r: NodeReader, node: yaml.Node) -> Optional[int]:
     if isinstance(pnode, yaml.ScalarNode) and pnode.tag == STR_TAG and pnode.value == "auto":
         return None
     return r.integer(pnode, "master.port", 1, 65535)
+
+
+def _read_network(r: NodeReader, node: yaml.Node, key: str) -> Optional[Tuple[str, str]]:
+    """network: {ifname: auto | none | NAME} (top level, or a host's): (the value, its key path)."""
+    entries = r.mapping(node, key, ("ifname",))
+    if "ifname" not in entries:
+        return None
+    value = r.string(entries["ifname"][1], f"{key}.ifname")
+    if value is not None and value not in IFNAME_MODES and not IFNAME_RE.match(value):
+        r.error(entries["ifname"][1], f"{key}.ifname", f"{value!r} is neither auto, none nor an interface name "
+                                                      "(letters, digits, _ . : @ -; at most 15)")
+        return None
+    return (value, f"{key}.ifname") if value is not None else None
 
 
 def _read_push(r: NodeReader, node: yaml.Node) -> str:

@@ -168,6 +168,23 @@ class HostClient:
 
         return self._with_program(attempt)
 
+    def bandwidth(self, conf: dict) -> "BenchStream":
+        """Start the host's `bandwidth` (remote/host/net/bandwidth.py: `check --net`) with its token and addr:;
+        the stream, once the host listens (its ready answer: port, bound address, chosen interface)."""
+        def attempt() -> BenchStream:
+            stream = self.transport.open(self.argv("bandwidth"))
+            try:
+                ready = self._offer(stream, conf)
+            except BaseException:
+                stream.close()
+                raise
+            if "error" in ready:
+                stream.close()
+                raise RemoteCommandError(self.label, f"bandwidth: {ready['error']}", exit_code=1)
+            return BenchStream(self.label, stream, ready["ready"])
+
+        return self._with_program(attempt)
+
     def push(self, attempt_key: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None,
              want_port: bool = False, check_port: Optional[int] = None, master_addr: str = "",
              relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False,
@@ -287,6 +304,40 @@ class HostClient:
         self.transport.close()
 
 
+class BenchStream:
+    """A host's running `bandwidth`: one pair's job at a time (serve or connect), its answer back."""
+
+    def __init__(self, label: str, stream: Stream, ready: dict):
+        self.label = label
+        self.ready = ready  # {"port", "bound", "ifname", "why", "mtu"}
+        self._stream = stream
+
+    def start(self, kind: str, job: dict, timeout: float) -> Optional[str]:
+        """Hand it a serve or connect job (the pair's other host gets its own at the same time); why it
+        could not be handed over (None: it was)."""
+        try:
+            self._stream.write(pack_msg({kind: job}), timeout)
+            return None
+        except (TimeoutError, StreamClosed) as exc:
+            return f"{self.label}: connection lost: {exc}"
+
+    def result(self, pair: str, timeout: float) -> dict:
+        """The started job's answer ({"error"} when the pair failed)."""
+        try:
+            return read_msg(self._stream, timeout)["done"]
+        except TimeoutError:
+            return {"pair": pair, "error": f"{self.label} gave no answer within {timeout:g} s"}
+        except StreamClosed as exc:
+            return {"pair": pair, "error": f"{self.label}: connection lost: {exc}"}
+
+    def close(self) -> None:
+        try:
+            self._stream.write(pack_msg({"end": True}), 2.0)
+        except (TimeoutError, StreamClosed):
+            pass
+        self._stream.close()
+
+
 @dataclass(frozen=True)
 class SetupResult:
     skipped: bool  # the same setup (commands and pushed files) already succeeded on this host
@@ -304,7 +355,7 @@ class HeldPush:
         self.result = result
         self.port = port  # a free port on the host, when asked for
         self.coordinator_port = coordinator_port  # rank 0's host: where the other supervisors join it
-        self.facts = facts  # for the preflight: {"python", "executable"[, "port"]}
+        self.facts = facts  # for the preflight: {"python", "executable", "net"[, "port"]} (push/receive.py host_facts)
         self._stream: Optional[Stream] = stream
 
     def start(self, spec: dict) -> dict:

@@ -19,8 +19,16 @@ from ..errors import CommandTimeout, ConnectError, HostError
 from ..transport import Stream, StreamClosed, Transport
 
 _REMOTE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "remote")
-with open(os.path.join(_REMOTE, "probe.py"), "rb") as _fh, open(os.path.join(_REMOTE, "torch_probe.py"), "rb") as _th:
-    PROBE_SOURCE: bytes = b"TORCH_SNIPPET = " + repr(_th.read().decode()).encode() + b"\n" + _fh.read()
+
+
+def _source(*parts: str) -> str:
+    with open(os.path.join(_REMOTE, *parts), encoding="utf-8") as fh:
+        return fh.read()
+
+
+# the interface choice rides along as source: check picks it exactly as a launch's push does
+PROBE_SOURCE: bytes = (f"TORCH_SNIPPET = {_source('torch_probe.py')!r}\n"
+                       f"IFACES_SOURCE = {_source('host', 'net', 'ifaces.py')!r}\n" + _source("probe.py")).encode()
 
 # Stops the listener by pid only while that pid still runs the listener we started (its argv holds a
 # random tag), so a pid reused in the meantime is never signalled.

@@ -16,7 +16,7 @@ from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RankExit
 from ..hosts.group import fan_out_background
 from ..hosts.logs import tail_lines
 from ..outcome import EndedBy, RankResult, RunOutcome, decide
-from ..plan import LaunchPlan
+from ..plan import LaunchPlan, known_addresses
 from ..registry.store import RunStore
 from ..states import Cleanup, HostState, RankState
 
@@ -269,7 +269,8 @@ class Monitor:
             if res.state.failed:
                 res = replace(res, tail=tuple(tail_lines(res.log_path, TAIL_LINES)))
             results.append(res)
-        result = decide(self.plan.run_id, results, ended_by=self._stop_reason, time_limit=self.plan.time_limit_s)
+        result = decide(self.plan.run_id, results, ended_by=self._stop_reason, time_limit=self.plan.time_limit_s,
+                        addresses=known_addresses(self.plan))
         if result is None:  # cannot be: every rank has an end here (an exit, or lost)
             raise RuntimeError(f"run {self.plan.run_id}: the monitor ended with ranks still open")
         pending = tuple(h.name for h in self.store.get(self.plan.run_id).hosts if h.cleanup is Cleanup.PENDING) or \

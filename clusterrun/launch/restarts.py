@@ -15,7 +15,7 @@ Pure decisions only: the attempt loop that acts on them is the runner's (launch/
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Set, Tuple
+from typing import Callable, Mapping, Optional, Set, Tuple
 
 from ..config.inventory import Inventory, Job
 from ..outcome import AttemptSummary, RunOutcome
@@ -68,12 +68,14 @@ def _why_not_due(job: Job, plan: LaunchPlan, outcome: RunOutcome, lost: Set[str]
     return None
 
 
-def attempt_plan(inv: Inventory, run_id: str, nxt: NextAttempt, free_port: Callable[[int], int]) -> LaunchPlan:
+def attempt_plan(inv: Inventory, run_id: str, nxt: NextAttempt, free_port: Callable[[int], int],
+                 network: Optional[Mapping[int, Mapping]] = None) -> LaunchPlan:
     """The plan over the survivors; MASTER_PORT afresh (a free one on the new rank 0's host) unless the
     inventory names one (firewalls open by port): a rank of the old attempt still running on a host cut off
-    from the controller can then never join the new attempt's rendezvous."""
+    from the controller can then never join the new attempt's rendezvous. network: the interfaces the
+    launch's push found (toward the first rank 0: on the same network, the new one's route is the same)."""
     port = inv.master_port if inv.master_port_fixed else free_port(nxt.hosts[0])
-    return build_plan(inv, run_id, master_port=port, attempt=nxt.attempt, hosts=nxt.hosts)
+    return build_plan(inv, run_id, master_port=port, attempt=nxt.attempt, hosts=nxt.hosts, network=network)
 
 
 def announcement(nxt: NextAttempt, inv: Inventory) -> str:

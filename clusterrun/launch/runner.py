@@ -69,6 +69,7 @@ class Runner:
         self._coordinator_port: Optional[int] = None
         self._started: List[int] = []
         self._plan: Optional[LaunchPlan] = None  # the attempt being launched or followed
+        self._network: Dict[int, dict] = {}  # by inventory index: the interface its push found (plan.net_choice)
 
     # -------------------------------------------------------------- signals
 
@@ -164,7 +165,8 @@ class Runner:
         cannot be started makes this attempt a failure with that host lost."""
         t = time.monotonic()
         self._emit(Phase("start", f"attempt {nxt.attempt + 1}"))
-        plan = self._plan = restarts.attempt_plan(self.inv, self.run_id, nxt, lambda i: self._client(i).free_port())
+        plan = self._plan = restarts.attempt_plan(self.inv, self.run_id, nxt, lambda i: self._client(i).free_port(),
+                                                  self._network)
         self.store.begin_attempt(self.run_id, plan.attempt, plan_to_dict(plan), _rank_rows(plan))
         for node in plan.nodes:
             self.store.update_host(self.run_id, node.index, state=HostState.PENDING, error=None)
@@ -204,12 +206,16 @@ class Runner:
         failed = preflight_error(problems)
         if failed is not None:
             raise failed
-        if plan.master_port is not None:
-            return plan
-        port = self._held[0].port
-        plan = self._plan = build_plan(self.inv, self.run_id, master_port=port)
+        self._network = {plan.nodes[n].index: f["net"] for n, f in facts.items() if isinstance(f.get("net"), dict)}
+        auto_port = plan.master_port is None
+        port = self._held[0].port if auto_port else plan.master_port
+        plan = self._plan = build_plan(self.inv, self.run_id, master_port=port, network=self._network)
         self.store.update_run(self.run_id, plan=plan_to_dict(plan))
-        self._emit(Notice(f"MASTER_PORT={port} (free on {plan.nodes[0].host.name})"))
+        if auto_port:
+            self._emit(Notice(f"MASTER_PORT={port} (free on {plan.nodes[0].host.name})"))
+        chosen = interfaces_text(plan)
+        if chosen:
+            self._emit(Notice(chosen))
         return plan
 
     def _setup_all(self, plan: LaunchPlan, manifest: Manifest) -> None:
@@ -435,6 +441,18 @@ class Runner:
                 if node.host.name in exc.failures:
                     self.store.update_host(self.run_id, node.index, cleanup=Cleanup.PENDING)
             self._emit(Notice(str(exc) + "\n`clusterrun stop` finishes them later.", "error"))
+
+
+def interfaces_text(plan: LaunchPlan) -> str:
+    """"GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME: eth1 on every host" (or per host), "" when none is set."""
+    chosen = {n.host.name: n.network.ifname for n in plan.nodes if n.network and n.network.ifname and n.network.env}
+    if not chosen:
+        return ""
+    names = "/".join(next(n.network.env for n in plan.nodes if n.host.name in chosen))
+    values = set(chosen.values())
+    if len(values) == 1 and len(chosen) == len(plan.nodes):
+        return f"{names}={values.pop()} on every host"
+    return f"{names}: " + ", ".join(f"{host} {ifname}" for host, ifname in chosen.items())
 
 
 def _rank_rows(plan: LaunchPlan) -> List[dict]:

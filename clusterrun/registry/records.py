@@ -86,4 +86,6 @@ class RunRecord:
                 "detached": self.detached, "phases": self.phases, "hosts": [h.to_json() for h in self.hosts],
                 "ranks": [r.to_json() for r in self.ranks], "cleanup_pending": self.cleanup_pending,
                 "attempt": self.attempt, "restarts": self.restarts,
-                "attempts": [a.to_json() for a in self.attempts]}
+                "attempts": [a.to_json() for a in self.attempts],
+                # network.ifname: what each host's ranks were given and why (plan.NetChoice)
+                "network": {n["name"]: n["network"] for n in self.plan.get("nodes", ()) if "network" in n}}

@@ -20,17 +20,15 @@ import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
+import types
 
-SIOCGIFADDR = 0x8915  # Linux ioctls; elsewhere they fail and the interface list is empty
-SIOCGIFFLAGS = 0x8913
-IFF_UP = 0x1
-IFF_RUNNING = 0x40
+LOOKUP_TIMEOUT = 3.0  # a name lookup gives up here (a dead DNS): check itself stays bounded
 
-# TORCH_SNIPPET (remote/torch_probe.py, run in a child) is put in front of this source with OPTIONS.
+# TORCH_SNIPPET (remote/torch_probe.py, run in a child) and IFACES_SOURCE (remote/host/net/ifaces.py: the
+# interface launch picks, picked the same way here) are put in front of this source with OPTIONS.
 
 
 def say(obj):
@@ -87,50 +85,60 @@ def _lstat(path):
         return None
 
 
-def interfaces():
-    """[{name, addr, up}] for every interface with an IPv4 address (stdlib: if_nameindex + ioctls)."""
-    try:
-        import fcntl
-        names = [name for _, name in socket.if_nameindex()]
-    except (ImportError, OSError, AttributeError):
-        return []
-    out = []
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        for name in names:
-            req = struct.pack("256s", name.encode()[:15])
-            try:
-                addr = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), SIOCGIFADDR, req)[20:24])
-            except OSError:
-                continue  # no IPv4 address
-            try:
-                flags = struct.unpack("H", fcntl.ioctl(sock.fileno(), SIOCGIFFLAGS, req)[16:18])[0]
-            except OSError:
-                flags = IFF_UP | IFF_RUNNING
-            out.append({"name": name, "addr": addr, "up": bool(flags & IFF_UP and flags & IFF_RUNNING)})
-    finally:
-        sock.close()
-    return out
+def ifaces_module():
+    """remote/host/net/ifaces.py, from its source in front of this one."""
+    module = types.ModuleType("ifaces")
+    exec(compile(globals()["IFACES_SOURCE"], "ifaces.py", "exec"), module.__dict__)
+    return module
 
 
-def resolve(name, port=0):
-    infos = socket.getaddrinfo(name, port, 0, socket.SOCK_STREAM)
-    return infos[0][0], infos[0][4][0], sorted(set(i[4][0] for i in infos))
+def resolve(name, timeout=LOOKUP_TIMEOUT):
+    """(family, address) of a name, the lookup given up after timeout (a dead DNS): OSError otherwise."""
+    ifaces = ifaces_module()
+    addrs, _, error = ifaces.lookup(name, timeout)
+    addr = ifaces.pick_address(addrs)
+    if addr is None:
+        raise OSError(error)
+    return (socket.AF_INET6 if ":" in addr else socket.AF_INET), addr
+
+
+def timed_lookups(ifaces, hostname, master, own_addr, timeout):
+    """{name: (addresses, seconds, error)} of the names a run looks up here (its own name; rank 0's addr and
+    this host's when they are names), all at once; and the same as records for the report."""
+    names = [(hostname, "own name")]
+    for name, what in ((master, "rank 0's addr"), (own_addr, "own addr")):
+        if name and not ifaces.is_ip(name) and name not in [n for n, _ in names]:
+            names.append((name, what))
+    found = ifaces.lookup_many([n for n, _ in names], timeout)
+    return found, [{"name": n, "what": w, "addrs": found[n][0], "seconds": found[n][1], "error": found[n][2]}
+                   for n, w in names]
 
 
 def network_facts(opts):
-    """How this host reaches MASTER_ADDR: resolved address, source address and interface."""
-    out = {"interfaces": interfaces(), "hostname": socket.gethostname()}
-    try:
-        out["hostname_addrs"] = resolve(out["hostname"])[2]  # what gloo binds to by default
-    except OSError as exc:
-        out["hostname_error"] = error_text(exc)
-    try:
-        family, addr, _ = resolve(opts["master_addr"], opts.get("port") or 0)
-    except OSError as exc:
-        out["resolve_error"] = error_text(exc)
+    """How this host reaches MASTER_ADDR: the interface launch would pick (ifaces.find), the resolved
+    address, the kernel's source address and interface; the name lookups that takes, timed (a dead DNS),
+    all at once and each given up after lookup_timeout."""
+    ifaces = ifaces_module()
+    master, own_addr = opts["master_addr"], opts.get("own_addr") or ""
+    out = {"hostname": socket.gethostname()}
+    found, out["lookups"] = timed_lookups(ifaces, out["hostname"], master, own_addr,
+                                          opts.get("lookup_timeout", LOOKUP_TIMEOUT))
+    own = found[out["hostname"]]
+    if own[0]:
+        out["hostname_addrs"] = own[0]  # what gloo binds to by default
+    else:
+        out["hostname_error"] = own[2]
+    out["choice"] = ifaces.find(master, resolve=found.get)
+    out["interfaces"] = [{"name": i["name"], "addr": a, "up": i["up"]} for i in out["choice"].get("interfaces", [])
+                         for a in i["addrs"] if ":" not in a]
+    mine = found.get(own_addr) or ([own_addr] if own_addr else [], 0, "")
+    out["own"] = {"addr": own_addr, "ips": mine[0], "error": mine[2]}
+    addr = ifaces.pick_address(found[master][0]) if master in found else master
+    if addr is None:
+        out["resolve_error"] = found[master][2]
         return out
     out["master_ip"] = addr
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     udp = socket.socket(family, socket.SOCK_DGRAM)
     try:
         udp.connect((addr, opts.get("port") or 9))  # a UDP connect only picks the route: no packet leaves
@@ -220,14 +228,14 @@ def cmd_reach(opts):
         out["shared"] = shared_facts(opts)
     if opts.get("port"):
         try:
-            family, addr, _ = resolve(opts["master_addr"], opts["port"])
+            family, addr = resolve(opts["master_addr"])
             out["connect"] = connect_test(family, addr, opts["port"], opts.get("connect_timeout", 3.0), opts["name"])
         except OSError as exc:
             out["connect"] = {"status": "error", "error": "cannot resolve: " + error_text(exc)}
     peer = opts.get("peer")
     if peer:  # the relay chain: this host opens the connection to the next host's program (hosts/relay.py)
         try:
-            family, addr, _ = resolve(peer["addr"], peer["port"])
+            family, addr = resolve(peer["addr"])
             out["relay"] = connect_test(family, addr, peer["port"], opts.get("connect_timeout", 3.0), opts["name"])
         except OSError as exc:
             out["relay"] = {"status": "error", "error": "cannot resolve: " + error_text(exc)}

@@ -6,12 +6,17 @@ every cell that is not plainly ok follow below it. Host text is never parsed as 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ..check.rules import CHECKS, FAIL, OK, SKIP, WARN, Report
+
+if TYPE_CHECKING:
+    from ..check.links import NetReport
 
 MARK = {OK: "✓", WARN: "!", FAIL: "✗", SKIP: "·"}
 STYLE = {OK: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
@@ -80,3 +85,56 @@ def _verdict(report: Report, console: Console) -> None:
         warned = [h.host for h in report.hosts if any(r.status == WARN for r in h.results)]
         console.print(Text(f"all {len(report.hosts)} hosts pass" +
                            (f" (warnings on {', '.join(warned)})" if warned else ""), style=STYLE[OK]))
+
+
+def net_table(report: "NetReport") -> Table:
+    """`check --net`: the sending host by row, the receiving one by column; each cell its rate and the
+    pair's round trip, slow links marked."""
+    from ..check.links import rate_text, rtt_text
+
+    out = Table(title=f"clusterrun check --net · TCP, {report.mb:g} MiB or 1 s per link each way · "
+                      f"{len(report.hosts)} hosts, {report.rounds} rounds in {report.seconds:.1f} s",
+                title_justify="left")
+    out.add_column("from \\ to", no_wrap=True)
+    for name in report.hosts:
+        out.add_column(name, no_wrap=True)
+    out.add_column("interface", no_wrap=True)
+    cells = report.matrix()
+    for src in report.hosts:
+        row = [Text(src, style="bold")]
+        for dst in report.hosts:
+            link = cells.get((src, dst))
+            if src == dst or link is None:
+                row.append(Text("·", style=STYLE[SKIP]))
+            elif link.error:
+                row.append(Text("✗ failed", style=STYLE[FAIL]))
+            else:
+                rtt = f" {rtt_text(link.rtt_ms)}" if link.rtt_ms is not None else ""
+                row.append(Text(f"{'! ' if link.slow else ''}{rate_text(link.mbps)}{rtt}",
+                                style=STYLE[WARN] if link.slow else ""))
+        ready = report.interfaces.get(src) or {}
+        row.append(Text(f"{ready.get('ifname') or '?'} ({ready.get('bound', '?')})" if ready else
+                        "unreachable", style="" if ready else STYLE[FAIL]))
+        out.add_row(*row)
+    return out
+
+
+def render_net(report: "NetReport", console: Console, plotted: Optional[str] = None) -> None:
+    from ..check.links import rate_text, slow_text
+
+    console.print(net_table(report))
+    for host, why in report.unreachable.items():
+        console.print(Text.assemble((host, "bold"), " ", ("FAIL", STYLE[FAIL]), f": not measured: {why}"))
+    for link in report.failed:
+        console.print(Text.assemble((f"{link.src} → {link.dst}", "bold"), " ", ("FAIL", STYLE[FAIL]), f": {link.error}"))
+    for link in report.slow:
+        console.print(Text.assemble(("slow ", STYLE[WARN]), slow_text(link, report.median_mbps)))
+    if report.slow:
+        console.print(Text("    hint: a link much slower than the others holds every collective back: check that "
+                           "host's NIC, cable, switch port and traffic shaping (tc)", style="dim"))
+    if plotted:
+        console.print(Text(f"heatmap: {plotted}", style="dim"))
+    measured = [x for x in report.links if x.mbps is not None]
+    verdict = f"{len(measured)} of {len(report.links)} directions measured, median {rate_text(report.median_mbps)}"
+    console.print(Text(verdict + (f"; {len(report.slow)} slow" if report.slow else ""),
+                       style=STYLE[OK] if report.ok and not report.slow else STYLE[WARN] if report.ok else STYLE[FAIL]))

@@ -140,7 +140,7 @@ class RunView:
             err.print(Text(f"last lines of rank {rc.rank}:", style="bold"))
             for line in rc.tail:
                 err.print(Text("  " + mask_text(line, self.logs.secrets)))
-        hint = hint_for(rc)
+        hint = outcome.hint or hint_for(rc)
         if hint:
             err.print(Text(f"hint: {hint}", style="yellow"))
 

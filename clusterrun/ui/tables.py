@@ -38,6 +38,7 @@ def show_plan(plan: "LaunchPlan", out: Console, routes: Optional[Dict[str, str]]
     out.print(table)
     for name, route in (routes or {}).items():
         out.print(Text(f"# {name}: ", style="bold") + Text(route))
+    _interfaces(plan, out)
     for node in plan.nodes:
         if node.torchrun:
             ranks = ", ".join(str(r.rank) for r in node.ranks)
@@ -49,6 +50,15 @@ def show_plan(plan: "LaunchPlan", out: Console, routes: Optional[Dict[str, str]]
             out.print(Text(f"# {node.host.name} rank {r.rank}", style="bold"))
             out.print(Text(render_rank_command(plan, node, r)))
     out.print(Text("dry run: nothing was connected to, pushed or started", style="dim"))
+
+
+def _interfaces(plan: "LaunchPlan", out: Console) -> None:
+    """network.ifname: what torch will use on each host, and why."""
+    for node in plan.nodes:
+        net = node.network
+        if net is not None:
+            sets = " → " + " ".join(f"{v}={net.ifname}" for v in net.env) if net.ifname and net.env else ""
+            out.print(Text(f"# {node.host.name} interface: ", style="bold") + Text(net.why + sets))
 
 
 def show_runs(records: Sequence[Tuple[RunRecord, Dict[str, HostError]]], out: Console,

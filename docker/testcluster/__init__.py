@@ -16,7 +16,10 @@ mounts at /shared.
 
 From Python (the tests put docker/ on sys.path and `import testcluster`): ``Cluster(name).up()``, then
 ``exec``, ``processes``, ``orphans`` and the faults ``crash``/``start``, ``pause``/``unpause``,
-``partition``/``heal``, ``block``/``unblock``, and ``restore()`` to undo all of them. Stdlib only
+``partition``/``heal``, ``block``/``unblock``, ``loopback_name``/``own_name`` (the host's name on 127.0.1.1
+in its /etc/hosts), ``shape``/``unshape`` (tc tbf on an interface), and ``restore()`` to undo all of them.
+``Cluster(name, second_subnet=...)`` (``up --second-subnet``) gives every host a second interface on a
+second network (``HostInfo.address2``). Stdlib only
 (PyYAML, when present, double-checks the inventory).
 
 Modules: common (constants, records, the error), dockercli (docker and compose clients), image (base,

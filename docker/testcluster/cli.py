@@ -18,7 +18,7 @@ from .image import build_image, remove_images
 
 
 def _cmd_up(a) -> int:
-    c = Cluster(a.name, a.hosts, a.subnet, quiet=a.quiet)
+    c = Cluster(a.name, a.hosts, a.subnet, quiet=a.quiet, second_subnet=a.second_subnet)
     t0 = time.monotonic()
     c.up(timeout=a.timeout)
     t = c.timings
@@ -26,7 +26,7 @@ def _cmd_up(a) -> int:
           f"{t['image']:.1f} s, containers {t['compose']:.1f} s, first SSH logins {t['ssh']:.1f} s)",
           file=sys.stderr)
     for h in c.hosts:
-        print(f"  {h.name}  {h.address}", file=sys.stderr)
+        print(f"  {h.name}  {h.address}" + (f"  {h.address2}" if h.address2 else ""), file=sys.stderr)
     print(f"ssh:       ssh -F {c.ssh_config_path} node0", file=sys.stderr)
     print(f"down:      python {Path(__file__).resolve().parent} down --name {c.name}", file=sys.stderr)
     print(f"inventory: {c.inventory_path}", file=sys.stderr)
@@ -88,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--hosts", type=int, default=DEFAULT_HOSTS, help=f"number of hosts (default {DEFAULT_HOSTS})")
     up.add_argument("--subnet", default=None, help=f"IPv4 /24 or larger (default {DEFAULT_SUBNET}, "
                                                     "or the cluster's current one)")
+    up.add_argument("--second-subnet", default=None, help="give every host a second interface, on a second "
+                                                           "network with this subnet (eth1)")
     up.add_argument("--timeout", type=float, default=120, help="seconds to wait for SSH logins")
     up.add_argument("-q", "--quiet", action="store_true", help="no build output")
     up.set_defaults(func=_cmd_up)

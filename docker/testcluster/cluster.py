@@ -23,11 +23,22 @@ from .image import build_image
 from .render import Rendering
 
 
+def _second_subnet(text: str | None, first: ipaddress.IPv4Network, n: int) -> ipaddress.IPv4Network | None:
+    if not text:
+        return None
+    net = ipaddress.ip_network(text, strict=True)
+    if net.version != 4 or net.overlaps(first) or FIRST_HOST_OFFSET + n > net.num_addresses - 1:
+        raise ClusterError(f"second subnet {net}: IPv4, apart from {first}, room for {n} hosts")
+    return net
+
+
 class Cluster(Faults, Rendering):
     """One named cluster: its containers, its network and its state directory .cluster/NAME/."""
 
     def __init__(self, name: str = DEFAULT_NAME, hosts: int | None = None, subnet: str | None = None,
-                 *, quiet: bool = True):
+                 *, quiet: bool = True, second_subnet: str | None = None):
+        """second_subnet: give every host a second interface, on a second bridge network (the network
+        tests: two NICs); the inventory's addresses stay on the first."""
         if not _NAME_RE.match(name) or name == "wheelhouse":
             raise ClusterError(f"cluster name {name!r}: use 1-40 of a-z 0-9 _ - (starting alnum), "
                                "not 'wheelhouse'")
@@ -43,10 +54,15 @@ class Cluster(Faults, Rendering):
             raise ClusterError(f"{n} hosts do not fit in {net} (node i is at .{FIRST_HOST_OFFSET}+i)")
         self.subnet = net
         self.network = f"{name}-net"
-        self.hosts = [HostInfo(f"node{i}", str(net.network_address + FIRST_HOST_OFFSET + i),
-                               f"{name}-node{i}") for i in range(n)]
+        self.subnet2 = _second_subnet(second_subnet or saved.get("second_subnet"), net, n)
+        self.network2 = f"{name}-net2" if self.subnet2 is not None else ""
+        self.hosts = [HostInfo(f"node{i}", str(net.network_address + FIRST_HOST_OFFSET + i), f"{name}-node{i}",
+                               str(self.subnet2.network_address + FIRST_HOST_OFFSET + i) if self.subnet2 else "")
+                      for i in range(n)]
         self._by_key = {k: h for h in self.hosts for k in (h.name, h.address, h.container)}
         self._blocked: dict[str, set[str]] = {}
+        self._renamed: set[str] = set()  # hosts whose /etc/hosts loopback_name() changed
+        self._shaped: set[str] = set()  # hosts whose interface shape() capped
         self.timings: dict[str, float] = {}  # of the last up(): image, compose, ssh, total (seconds)
 
     # paths ----------------------------------------------------------------------------------------
@@ -101,7 +117,8 @@ class Cluster(Faults, Rendering):
             raise ClusterError(f"compose up failed for cluster {self.name!r}:\n{err[-2000:]}")
         self._write_atomic(self.state_path, json.dumps({
             "version": 1, "name": self.name, "hosts": len(self.hosts), "subnet": str(self.subnet),
-            "image": image, "network": self.network, "compose": compose_argv()}, indent=2) + "\n")
+            "image": image, "network": self.network, "compose": compose_argv(),
+            **({"second_subnet": str(self.subnet2)} if self.subnet2 else {})}, indent=2) + "\n")
         if existed:
             # compose leaves a running container alone, even one a partition() cut off: repair those.
             self.restore(wait=False, deep=True)
@@ -128,27 +145,34 @@ class Cluster(Faults, Rendering):
         left = docker("ps", "-aq", "--filter", f"label={LABEL}={self.name}", check=False).stdout.split()
         if left:
             docker("rm", "-f", *left, check=False)
-        if docker("network", "inspect", self.network, check=False).returncode == 0:
-            docker("network", "rm", self.network, check=False)
+        for network in filter(None, (self.network, self.network2)):
+            if docker("network", "inspect", network, check=False).returncode == 0:
+                docker("network", "rm", network, check=False)
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
 
     def healthy(self, timeout: float = 10.0) -> bool:
         """Every host running, attached, and accepting the test key under strict host-key checking."""
         saved = self._load_state()
-        if not saved or saved.get("hosts") != len(self.hosts) or saved.get("subnet") != str(self.subnet):
+        if not self._as_saved(saved):
             return False
         if not all(p.exists() for p in (self.key_path, self.known_hosts_path, self.inventory_path)):
             return False
         states = self._states()
+        wanted = [n for n in (self.network, self.network2) if n]
         for h in self.hosts:
             st = states.get(h.container)
-            if not st or st["Status"] != "running" or self.network not in st["Networks"]:
+            if not st or st["Status"] != "running" or not all(n in st["Networks"] for n in wanted):
                 return False
             if st["Image"] != saved.get("image"):
                 return False
         res = self._ssh_all(self.hosts, ["hostname"], timeout=timeout)
         return all(rc == 0 and out.strip() == h.name for h, (rc, out, _) in zip(self.hosts, res))
+
+    def _as_saved(self, saved: dict) -> bool:
+        """The cluster `up` made is this one: as many hosts, the same subnets."""
+        return bool(saved) and saved.get("hosts") == len(self.hosts) and saved.get("subnet") == str(self.subnet) \
+            and saved.get("second_subnet") == (str(self.subnet2) if self.subnet2 else None)
 
     def image_current(self) -> bool:
         """Whether the running cluster's image and compose file are what the current sources make."""

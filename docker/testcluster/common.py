@@ -43,6 +43,7 @@ class HostInfo:
     name: str        # node0 .. node{N-1}: the hostname inside the container, and the inventory name
     address: str     # fixed address on the cluster's bridge network
     container: str   # docker container name: <cluster>-<name>
+    address2: str = ""  # on the second network, where the cluster has one (Cluster(second_subnet=...))
 
 
 @dataclasses.dataclass(frozen=True)

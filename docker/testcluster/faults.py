@@ -9,9 +9,12 @@ from .common import ClusterError, HostInfo
 from .dockercli import docker
 
 
+HOSTS_SAVED = "/etc/hosts.testcluster"  # the host's own /etc/hosts while loopback_name() holds it
+
+
 class Faults:
-    """crash/start, pause/unpause, partition/heal, block/unblock, restore; needs Cluster's host(),
-    exec(), wait_ready(), _states(), network and hosts."""
+    """crash/start, pause/unpause, partition/heal, block/unblock, loopback_name, shape, restore; needs
+    Cluster's host(), exec(), wait_ready(), _states(), network and hosts."""
 
     def crash(self, host: str | HostInfo) -> None:
         """Kill the whole host at once (SIGKILL to every process: a power cut)."""
@@ -65,16 +68,63 @@ class Faults:
             self.exec(h, ["ip", "route", "del", "blackhole", addr], user="root")
             blocked.discard(addr)
 
+    def loopback_name(self, host: str | HostInfo, addr: str = "127.0.1.1") -> None:
+        """Make the host's own name resolve to addr (Debian's and Ubuntu's default /etc/hosts: 127.0.1.1),
+        as root; restore() puts the file back. docker bind-mounts /etc/hosts: it is rewritten in place."""
+        h = self.host(host)
+        script = (f"[ -e {HOSTS_SAVED} ] || cp /etc/hosts {HOSTS_SAVED}; "
+                  f"{{ grep -v -w -- {h.name} {HOSTS_SAVED}; echo '{addr} {h.name}'; }} > /etc/hosts.new && "
+                  "cat /etc/hosts.new > /etc/hosts && rm /etc/hosts.new")
+        rc, _, err = self.exec(h, ["sh", "-c", script], user="root")
+        if rc != 0:
+            raise ClusterError(f"{h.name}: cannot edit /etc/hosts: {err.strip()}")
+        self._renamed.add(h.name)
+
+    def own_name(self, host: str | HostInfo) -> None:
+        """Undo loopback_name(): the host's /etc/hosts as it was."""
+        h = self.host(host)
+        self.exec(h, ["sh", "-c", f"[ ! -e {HOSTS_SAVED} ] || {{ cat {HOSTS_SAVED} > /etc/hosts && "
+                                  f"rm {HOSTS_SAVED}; }}"], user="root")
+        self._renamed.discard(h.name)
+
+    def shape(self, host: str | HostInfo, rate: str = "100mbit", address: str | None = None) -> str:
+        """Cap what the host sends on the interface holding address (default: its cluster address) with a
+        token bucket (tc tbf: netem is not in this kernel); restore() lifts it. Returns the interface."""
+        h = self.host(host)
+        dev = self._dev_of(h, address)
+        rc, _, err = self.exec(h, ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+                                   "burst", "64kb", "latency", "50ms"], user="root")
+        if rc != 0:
+            raise ClusterError(f"{h.name}: cannot shape {dev}: {err.strip()}")
+        self._shaped.add(h.name)
+        return dev
+
+    def unshape(self, host: str | HostInfo) -> None:
+        h = self.host(host)
+        rc, out, _ = self.exec(h, ["ip", "-o", "link", "show"], user="root")
+        for dev in (line.split()[1].rstrip(":").split("@")[0] for line in out.splitlines() if rc == 0 and line.split()):
+            self.exec(h, ["tc", "qdisc", "del", "dev", dev, "root"], user="root")  # "no qdisc" where none: fine
+        self._shaped.discard(h.name)
+
+    def _dev_of(self, h: HostInfo, address: str | None = None) -> str:
+        address = address or h.address
+        rc, out, err = self.exec(h, ["ip", "-o", "-4", "addr", "show", "to", address], user="root")
+        if rc != 0 or not out.split():
+            raise ClusterError(f"{h.name}: no interface holds {address}: {err.strip()}")
+        return out.split()[1].split("@")[0]
+
     def restore(self, timeout: float = 60.0, *, wait: bool = True, deep: bool = False) -> list[str]:
-        """Undo every fault: unpause, start, reconnect, unblock; wait for SSH on what was touched.
+        """Undo every fault: unpause, start, reconnect, unblock, the own name, the shaping; wait for SSH
+        on what was touched.
 
         Looks at docker's view of each container rather than trusting what this object did, so it
-        also repairs faults made by another process; `deep` also looks for blackhole routes on
-        every host (block() by another process; a docker exec per host). Returns the hosts repaired.
+        also repairs faults made by another process; `deep` also looks for blackhole routes, a changed
+        /etc/hosts and a shaped interface on every host (made by another process; a docker exec per
+        host). Returns the hosts repaired.
         """
         states = self._states()
         if deep:
-            self._find_blackholes(states)
+            self._find_faults(states)
         touched: list[HostInfo] = []
         for h in self.hosts:
             st = states.get(h.container)
@@ -88,15 +138,22 @@ class Faults:
             self.wait_ready(touched, timeout=timeout)
         return [h.name for h in touched]
 
-    def _find_blackholes(self, states: dict[str, dict]) -> None:
-        """Note the blackhole routes of every running host (block() by another process too)."""
+    def _find_faults(self, states: dict[str, dict]) -> None:
+        """Note the blackhole routes, a changed /etc/hosts and a token bucket of every running host
+        (block(), loopback_name(), shape() by another process too)."""
         running = [h for h in self.hosts if states.get(h.container, {}).get("Status") == "running"]
-        show = ["ip", "-o", "route", "show", "type", "blackhole"]
+        show = ["sh", "-c", f"ip -o route show type blackhole; [ ! -e {HOSTS_SAVED} ] || echo HOSTS-SAVED; "
+                            "tc qdisc show | grep -q ' tbf ' && echo SHAPED; true"]
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(running)))) as pool:
             found = list(pool.map(lambda h: self.exec(h, show, user="root"), running))
         for h, (rc, out, _) in zip(running, found):
             for line in out.splitlines() if rc == 0 else []:
-                self._blocked.setdefault(h.name, set()).add(line.split()[1])
+                if line == "HOSTS-SAVED":
+                    self._renamed.add(h.name)
+                elif line == "SHAPED":
+                    self._shaped.add(h.name)
+                elif line.split():
+                    self._blocked.setdefault(h.name, set()).add(line.split()[1])
 
     def _repair(self, h: HostInfo, st: dict) -> bool:
         """Undo the faults docker's view (st) and the blocked routes show on one host; True if there were any."""
@@ -115,4 +172,8 @@ class Faults:
         if self._blocked.get(h.name):
             self.unblock(h)
             fixed = True
+        if h.name in self._renamed:
+            self.own_name(h)
+        if h.name in self._shaped:
+            self.unshape(h)
         return fixed

@@ -39,6 +39,7 @@ class Rendering:
                 f"      - {q(state + '/hostkeys:/clusterrun/hostkeys')}",
                 "    networks:",
                 f"      cluster: {{ipv4_address: {q(h.address)}, aliases: [{q(h.name)}]}}",
+                *([f"      second: {{ipv4_address: {q(h.address2)}}}"] if self.subnet2 else []),
                 f"    extra_hosts: {q(others)}",
                 "    cap_add: [NET_ADMIN]  # for block(): a blackhole route between two hosts",
                 # a small disk for disk-full tests: 4 MB and 200 inodes, owned by cr
@@ -54,6 +55,11 @@ class Rendering:
             "    ipam:",
             f"      config: [{{subnet: {q(str(self.subnet))}, gateway: {q(gateway)}}}]",
         ]
+        if self.subnet2 is not None:  # a second NIC on every host (the network tests)
+            out += ["  second:", f"    name: {q(self.network2)}", "    driver: bridge",
+                    f"    labels: {{{q(LABEL)}: {q(self.name)}}}", "    ipam:",
+                    f"      config: [{{subnet: {q(str(self.subnet2))}, "
+                    f"gateway: {q(str(self.subnet2.network_address + 1))}}}]"]
         return "\n".join(out) + "\n"
 
     def compose_env(self, image: str) -> dict:

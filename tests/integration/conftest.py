@@ -7,6 +7,9 @@ the test if it left processes of user cr on any host.
 Environment:
   CLUSTERRUN_TEST_CLUSTER    cluster name (default crtest): state in .cluster/NAME/
   CLUSTERRUN_TEST_SUBNET     its subnet (default 198.18.201.0/24: beside `testcluster.py up`'s demo)
+  CLUSTERRUN_TEST_NET_SUBNETS  the two subnets of the network tests' cluster (`netcluster`: every host
+                             with a second interface), "A/25,B/25"; default: CLUSTERRUN_TEST_SUBNET's
+                             /24 moved to 198.19 and halved (198.18.201.0/24 → 198.19.201.0/25 and .128/25)
   CLUSTERRUN_KEEP_CLUSTER=1  leave the cluster up after the session; the next session finds it
                              healthy and reuses it as is (seconds saved per run while iterating).
                              A cluster that was already up when the session began is never removed.
@@ -59,6 +62,49 @@ def pytest_collection_modifyitems(config, items):
 
 # --------------------------------------------------------------------------------------------------
 # the cluster
+
+
+def _session_cluster(c):
+    """Bring c up for the session (or reuse it, healthy and current), and down at the end unless kept."""
+    reason = docker_unavailable_reason()
+    if reason:
+        if _required():
+            pytest.fail(f"CLUSTERRUN_NO_SKIP=1 but the docker cluster cannot run: {reason}", pytrace=False)
+        pytest.skip(f"integration tests need the docker cluster: {reason}")
+    reused = c.healthy() and c.image_current()
+    keep = reused or os.environ.get("CLUSTERRUN_KEEP_CLUSTER", "") not in ("", "0")
+    try:
+        if reused:
+            c.restore(deep=True)  # a previous session may have died in the middle of a fault
+        else:
+            t0 = time.monotonic()
+            c.up(timeout=120)
+            print(f"\ncluster {c.name} up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        yield c
+    finally:
+        if not keep:
+            c.down()
+
+
+def net_subnets() -> tuple[str, str]:
+    given = os.environ.get("CLUSTERRUN_TEST_NET_SUBNETS")
+    if given:
+        first, second = given.split(",")
+        return first.strip(), second.strip()
+    import ipaddress
+
+    base = ipaddress.ip_network(CLUSTER_SUBNET)
+    third = str(base.network_address).split(".")[2]
+    return f"198.19.{third}.0/25", f"198.19.{third}.128/25"
+
+
+@pytest.fixture(scope="session")
+def netcluster():
+    """A second 4-host cluster for the network tests: every host has a second interface (a second docker
+    network, `address2`); up only when a test asks for it, gone at the end of the session."""
+    first, second = net_subnets()
+    yield from _session_cluster(testcluster.Cluster(f"{CLUSTER_NAME}-net", hosts=CLUSTER_HOSTS, subnet=first,
+                                                    second_subnet=second))
 
 
 @pytest.fixture(scope="session")

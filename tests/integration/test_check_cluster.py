@@ -196,6 +196,7 @@ def test_a_second_interface_gets_a_socket_ifname_hint_and_a_wrong_one_fails(cr, 
     assert rc == 0, err
 
     def edit(hosts):
+        hosts[1]["network"] = {"ifname": "none"}  # torch's own choice: the hint names the variable to set
         hosts[2]["env"] = {"GLOO_SOCKET_IFNAME": "ens9"}
 
     try:
@@ -210,3 +211,5 @@ def test_a_second_interface_gets_a_socket_ifname_hint_and_a_wrong_one_fails(cr, 
     assert wrong["status"] == "fail" and "GLOO_SOCKET_IFNAME=ens9 but this host has no IPv4 interface ens9" in \
         wrong["detail"]
     assert code == 3 and [h["host"] for h in report["hosts"] if not h["ok"]] == ["node2"]
+    auto = by_host(report)["node3"]["iface"]  # network.ifname auto (the default): clusterrun sets it, no hint
+    assert auto["status"] == "ok" and not auto["hint"] and "ranks get GLOO/NCCL_SOCKET_IFNAME=eth" in auto["detail"]

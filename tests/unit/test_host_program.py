@@ -200,8 +200,11 @@ def test_a_rank_that_cannot_start_gets_exit_127(host_client, tmp_path):
 
 def test_free_port_and_the_push_facts(host_client, tmp_path):
     assert 1024 <= host_client.free_port() <= 65535
-    facts = host_client.push("20261130-000000-0060", project(tmp_path, {"job.py": b"x"}), hold=False).facts
+    facts = host_client.push("20261130-000000-0060", project(tmp_path, {"job.py": b"x"}), hold=False,
+                             master_addr="127.0.0.1").facts
     assert facts["python"] == ".".join(map(str, sys.version_info[:3]))
+    # network: {ifname: auto}: the interface toward rank 0's addr rides with the same answer (net/ifaces.py)
+    assert facts["net"]["ifname"] == "lo" and facts["net"]["why"] == "lo holds 127.0.0.1 itself"
 
 
 def test_missing_python_is_named(tmp_path):

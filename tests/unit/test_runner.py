@@ -9,7 +9,7 @@ import time
 import pytest
 
 from clusterrun.errors import AuthError, ConnectError, HostsFailed
-from clusterrun.events import LogLines, RankEnded
+from clusterrun.events import LogLines, Notice, RankEnded
 from clusterrun.hosts.wire import Frame
 from clusterrun.hosts.client import PushResult
 from clusterrun.config.inventory import parse_inventory
@@ -311,6 +311,35 @@ def test_auto_port_and_secrets(tmp_path):
     assert files and all(b"hunter2" not in f.read_bytes() for f in files)
     assert any(b"20261130-000000-abcd" in f.read_bytes() for f in files)  # the run is in there
     assert json.loads(json.dumps(w.store.get("20261130-000000-abcd").plan))["master_port"] == 41234
+
+
+def test_the_interface_each_push_found_reaches_that_hosts_ranks_and_the_record(tmp_path, monkeypatch):
+    found = {"a": "eth1", "b": "ib0", "c": None}
+    plain = FakeHeld.__init__
+
+    def with_net(self, host, *args):  # what remote/host/net/ifaces.find answers in the push's facts
+        plain(self, host, *args)
+        self.facts = {**self.facts, "net": {"ifname": found[host.name], "why": f"{found[host.name]} carries it",
+                                            "interfaces": [{"name": "eth1", "addrs": ["10.1.0.9"]}]}}
+
+    monkeypatch.setattr(FakeHeld, "__init__", with_net)
+    w = World(INV.replace("connection: local, workdir: /w/c}", "connection: local, workdir: /w/c, "
+                                                               "env: {NCCL_SOCKET_IFNAME: eth7}}"), tmp_path)
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    env = {name: h.spec["ranks"][0]["env"] for name, h in w.hosts.items()}
+    assert env["a"]["GLOO_SOCKET_IFNAME"] == env["a"]["NCCL_SOCKET_IFNAME"] == "eth1"
+    assert env["b"]["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert "GLOO_SOCKET_IFNAME" not in env["c"] and env["c"]["NCCL_SOCKET_IFNAME"] == "eth7"  # the user's own
+    for h in w.hosts.values():
+        for r in h.ranks:
+            h.exit(r, code=0)
+    t.join(10)
+    assert any(isinstance(e, Notice) and e.text == "GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME: a eth1, b ib0"
+               for e in w.events)
+    nodes = w.store.get("20261130-000000-abcd").plan["nodes"]
+    assert [n["network"]["ifname"] for n in nodes] == ["eth1", "ib0", None]
+    assert w.store.get("20261130-000000-abcd").to_json()["network"]["b"]["why"] == "auto: ib0 carries it"
 
 
 def test_a_push_failure_drops_what_the_other_hosts_received(tmp_path):

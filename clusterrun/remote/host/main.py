@@ -19,6 +19,7 @@ COMMANDS = {
     "runs": ("disk.runs", "cmd_runs", "workdir"),
     "clean": ("disk.clean", "cmd_clean", "workdir"),
     "free-port": ("net.free_port", "cmd_free_port", ""),
+    "bandwidth": ("net.bandwidth", "cmd_bandwidth", ""),
 }
 
 

@@ -21,6 +21,7 @@ import sys
 
 from ..disk.lock import LOCK_WAIT, cache_lock, hold_receiving
 from ..net import bind_address, free_port
+from ..net.ifaces import find as find_interface
 from ..run.start import start_run
 from ..wire import CHUNK, Fail, read_msg, send_msg
 from . import relay
@@ -34,6 +35,7 @@ RUN_RESERVE = 256 << 10  # a run's own files on this host: spec, state, exit rec
 def host_facts(port, master_addr):
     """What launch's preflight needs to know, found while the push goes on (no extra round trip)."""
     facts = {"python": platform.python_version(), "executable": sys.executable}
+    facts["net"] = find_interface(master_addr)  # network: {ifname: auto} (net/ifaces.py)
     if port:  # rank 0's fixed master port must be free, bound the way torch's store binds it
         family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
