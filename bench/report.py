@@ -39,6 +39,10 @@ PAIRS = {  # section: (name, numerator method, denominator method, metric)
     "logs": [("clusterrun/ssh", "clusterrun", "ssh", "lines_per_s")],
     "training": [("clusterrun/by-hand", "clusterrun", "by-hand", "samples_per_s")],
     "restarts": [("clusterrun/torchrun", "clusterrun", "torchrun", "time")],
+    "pull": [("scp/clusterrun", "scp", "clusterrun", "time"), ("rsync/clusterrun", "rsync", "clusterrun", "time"),
+             ("rsync-unchanged/clusterrun-unchanged", "rsync-unchanged", "clusterrun-unchanged", "time"),
+             ("scp-all/clusterrun-all", "scp-all", "clusterrun-all", "time"),
+             ("rsync-all/clusterrun-all", "rsync-all", "clusterrun-all", "time")],
 }
 FASTEST_OF = ("scp", "rsync", "sftp")
 

@@ -33,9 +33,9 @@ from bench.cluster import NAME, REPO, SUBNET, BenchCluster  # noqa: E402
 from bench.context import Context, repo_commit  # noqa: E402
 from bench.measure import Recorder  # noqa: E402
 from bench.sections import exec as exec_section  # noqa: E402
-from bench.sections import launch, logs, profile, push, relay, restarts, teardown, training  # noqa: E402
+from bench.sections import launch, logs, profile, pull, push, relay, restarts, teardown, training  # noqa: E402
 
-SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay")
+SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay", "pull")
 TRAINING_HOSTS = 4  # more ranks than this machine's cores would measure its scheduler, not the launcher
 
 
@@ -58,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<stamp>)")
     p.add_argument("--docs", action="store_true", help="also write docs/bench.md and docs/bench.png")
     p.add_argument("--keep-cluster", action="store_true", help="leave the last cluster up")
+    p.add_argument("--cluster-name", default=NAME, help=f"the bench cluster's name (default {NAME})")
+    p.add_argument("--subnet", default=SUBNET, help=f"its subnet in 198.18.0.0/15 (default {SUBNET})")
     a = p.parse_args(argv)
     if a.quick:
         a.hosts, a.reps, a.train_reps, a.delay_reps = "4", "2", 1, 1
@@ -149,6 +151,8 @@ def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: in
         restarts.run_section(ctx, reps)
     elif name == "relay":
         relay.run_section(ctx, reps, a.push_mb, files=100)
+    elif name == "pull":
+        pull.run_section(ctx, reps, a.push_mb, a.push_files)
     return True
 
 
@@ -181,8 +185,8 @@ def main(argv=None) -> int:
     log(f"results in {out}")
     try:
         for k, (hosts, reps) in enumerate(zip(a.host_list, a.rep_list)):
-            cl = BenchCluster(hosts)
-            log(f"{hosts} hosts: bringing cluster {NAME} up")
+            cl = BenchCluster(hosts, name=a.cluster_name, subnet=a.subnet)
+            log(f"{hosts} hosts: bringing cluster {a.cluster_name} up")
             cl.up()
             info["sizes"][str(hosts)] = {"cluster_up_s": cl.up_seconds}
             work = Path(tempfile.mkdtemp(prefix=f"crbench-{hosts}-"))

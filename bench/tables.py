@@ -90,6 +90,35 @@ def push(v: View, meta: dict) -> List[str]:
          "payload sent (clusterrun's record)"], detail)
 
 
+def pull(v: View, meta: dict) -> List[str]:
+    size = meta.get("push", {"mb": 100, "files": 1000})
+    payload = size["mb"] * (1 << 20)
+    rows, detail = [], []
+    for h in v.hosts("pull"):
+        t = lambda m, h=h: num(v("pull", h, m, "time"))  # noqa: E731
+        rows.append([h, t("clusterrun"), t("scp"), t("rsync"), times(v.ratio("pull", h, "scp/clusterrun")),
+                     times(v.ratio("pull", h, "rsync/clusterrun")), t("clusterrun-unchanged"), t("rsync-unchanged"),
+                     t("clusterrun-all"), t("scp-all"), t("rsync-all"),
+                     times(v.ratio("pull", h, "rsync-all/clusterrun-all"))])
+        for m in ("clusterrun", "scp", "rsync", "clusterrun-unchanged", "rsync-unchanged", "clusterrun-all",
+                  "scp-all", "rsync-all"):
+            secs = v("pull", h, m, "time")
+            if secs is None:
+                continue
+            hosts = int(h) if m.endswith("-all") else 1
+            rate = DASH if m.endswith("unchanged") else f"{hosts * payload / secs / 1e6:.0f}"
+            detail.append([h, m, rate, num(v("pull", h, m, "wire_bytes"), 1, 1e-6), num(v("pull", h, m, "cpu")),
+                           num(v("pull", h, m, "hosts_cpu"))])
+    return [f"## Pull: a run's outputs ({size['mb']} MB + {size['files']:,} files per host) back here", "",
+            "Wall time of the whole command, connections included, into an empty folder; unchanged: the same "
+            "command again. One host: rank 0's; all: every host at once, a folder each.", ""] + table(
+        ["hosts", "clusterrun", "scp", "rsync", "scp ÷ clusterrun", "rsync ÷ clusterrun", "clusterrun unchanged",
+         "rsync unchanged", "clusterrun --all-hosts", "scp, all hosts", "rsync, all hosts",
+         "rsync all ÷ clusterrun all"], rows) + [""] + table(
+        ["hosts", "method", "MB/s (the 100 MB file's bytes)", "wire MB received", "controller CPU s", "hosts CPU s"],
+        detail)
+
+
 def logs(v: View) -> List[str]:
     rows = []
     for h in v.hosts("logs"):
@@ -177,7 +206,7 @@ def markdown(data: dict) -> str:
            "repetition, which cancels the drift of this shared machine; times in seconds. "
            f"Command: `{meta.get('command', '')}`.", ""]
     for name, part in (("launch", launch), ("push", lambda v: push(v, meta)), ("logs", logs),
-                       ("teardown", teardown), ("training", training)):
+                       ("teardown", teardown), ("training", training), ("pull", lambda v: pull(v, meta))):
         if v.hosts(name):
             out += part(v)
     out += scaling(v)

@@ -19,7 +19,7 @@ from ..hosts.client import HostClient
 from ..hosts.group import GroupResult, fan_out, on_hosts
 from ..registry.runs import fetch_logs
 from ..registry.store import RunRecord, RunStore
-from .policy import Decision, Rules, protected, select_removals
+from .policy import Decision, Rules, protected, select_removals, unpulled
 
 Connect = Callable[[Host], HostClient]
 
@@ -211,13 +211,13 @@ def clean_local(store: RunStore, rules: Rules, dry_run: bool = False) -> List[Tu
     for run_id in store.ids():
         record = store.get(run_id)
         records[run_id] = record
-        why = protected(record)
+        why = protected(record) or unpulled(record, rules)
         status = "running" if why else "finished"
         entries.append({"id": run_id, "status": status, "why": why, "bytes": _local_bytes(store, run_id),
                         "ended_at": record.ended_at or record.created_at})
     out = []
-    for d in select_removals(entries, Rules(rules.keep, rules.older_than_s, rules.runs, foreign=True), records,
-                             time.time()):
+    for d in select_removals(entries, Rules(rules.keep, rules.older_than_s, rules.runs, foreign=True,
+                                            force=rules.force), records, time.time()):
         if d.remove and not dry_run:
             store.prune(d.run_id)
         out.append((d.run_id, d.remove, d.why))

@@ -4,8 +4,9 @@ machine's registry knows about each run.
 Never removed: a run that runs or may still run (its host says running or being received; the registry
 says it has not ended, a stop is pending on a host, or its controller still lives: a restart may follow).
 Runs this registry does not know ("foreign": another user's or another machine's controller) stay unless
-asked for by id or with --foreign: their logs have no local copy to keep. Abandoned pushes (a folder that
-was never started and that no push holds) always go.
+asked for by id or with --foreign: their logs have no local copy to keep. A run whose outputs
+(job.outputs) were never pulled stays unless --force: they exist nowhere else. Abandoned pushes (a folder
+that was never started and that no push holds) always go.
 
 The rules: ids named → exactly those; else keep the newest `keep` finished runs of the host and/or remove
 the ones older than `older_than` (both given: a run goes when either says so, as retention's keep_runs
@@ -26,6 +27,7 @@ class Rules:
     older_than_s: Optional[float] = None
     runs: Tuple[str, ...] = ()  # exactly these
     foreign: bool = False  # also runs this registry does not know
+    force: bool = False  # also runs whose outputs were never pulled
 
     def describe(self) -> str:
         if self.runs:
@@ -56,6 +58,17 @@ def protected(record: Optional[RunRecord]) -> str:
     if controller_alive(record.controller):
         return "its controller still runs (a restart may follow)"
     return ""
+
+
+UNPULLED = "outputs never pulled"
+
+
+def unpulled(record: Optional[RunRecord], rules: Rules) -> str:
+    """Why a run stays for its outputs ("" when it may go): it names job.outputs and no pull of them
+    completed, and --force was not given."""
+    if record is None or rules.force or not record.outputs_unpulled:
+        return ""
+    return f"{UNPULLED}: `clusterrun pull {record.id}` first, or --force"
 
 
 def select_removals(listing: Sequence[dict], rules: Rules, records: Mapping[str, Optional[RunRecord]],
@@ -92,6 +105,8 @@ def _kept_anyway(entry: dict, rules: Rules, records: Mapping[str, Optional[RunRe
         return "may still run: " + still
     if rules.runs and run_id not in rules.runs:
         return "not named"
+    if status == "finished" and unpulled(records.get(run_id), rules):
+        return unpulled(records.get(run_id), rules)
     if run_id not in records and not rules.runs and not rules.foreign:
         return "not this registry's run (--foreign to include it)"
     return ""

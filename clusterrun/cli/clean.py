@@ -29,12 +29,14 @@ if TYPE_CHECKING:  # loaded when a clean runs: --help reads no inventory code
 @click.option("--local", is_flag=True, help="Prune this machine's registry and log copies instead of the hosts.")
 @click.option("--foreign", is_flag=True, help="Also runs this registry does not know (another controller's).")
 @click.option("--retention", is_flag=True, help="Apply the inventory's retention: (what a launch does itself).")
+@click.option("--force", is_flag=True, help="Also runs whose outputs (job.outputs) were never pulled.")
 def clean(targets: Sequence[str], keep: Optional[int], older_than: Optional[str], cache: bool, dry_run: bool,
-          as_json: bool, local: bool, foreign: bool, retention: bool) -> int:
+          as_json: bool, local: bool, foreign: bool, retention: bool, force: bool) -> int:
     """Remove finished runs' folders from their hosts: TARGETS is an INVENTORY (its hosts) or run ids.
 
-    Never a run that runs or may still run. Logs are copied here first. Exit 0; 1 when a host refused
-    (a run named that still runs) or failed; 3 when a host could not be reached.
+    Never a run that runs or may still run, nor (unless --force) one whose outputs were never pulled.
+    Logs are copied here first. Exit 0; 1 when a host refused (a run named that still runs) or failed;
+    3 when a host could not be reached.
     """
     from ..clean.policy import Rules
 
@@ -44,7 +46,7 @@ def clean(targets: Sequence[str], keep: Optional[int], older_than: Optional[str]
     registry = store()
     inventory = targets[0] if len(targets) == 1 and os.path.isfile(targets[0]) else None
     runs = () if inventory else tuple(registry.resolve(t) for t in targets)
-    rules = Rules(keep=keep, older_than_s=age, runs=runs, foreign=foreign)
+    rules = Rules(keep=keep, older_than_s=age, runs=runs, foreign=foreign, force=force)
     if local:
         return _local(registry, rules, dry_run, as_json)
     if not targets:

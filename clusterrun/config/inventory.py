@@ -30,8 +30,9 @@ from .yaml_nodes import NodeReader, compose
 HOST_KEYS = ("user", "port", "identity_file", "known_hosts", "host_key_policy", "python", "workdir",
              "connection", "env", "proxy_jump", "slots")
 HOST_ONLY_KEYS = ("name", "host", "addr", "network")
-TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace", "setup")
-TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts", "retention", "push", "network")
+TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace", "setup", "notify")
+TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts", "retention", "push", "network",
+            "notify")
 RETENTION_KEYS = ("keep_runs", "max_age", "cache_max")
 
 # What may reach an SSH command line or a file name is held to plain characters; everything else (env
@@ -78,6 +79,7 @@ class Timeouts:
     host_lost: float = 15.0  # no heartbeat from a host for this long: the host is lost
     grace: float = 10.0  # TERM → KILL
     setup: float = 600.0  # job.setup on one host, all its commands
+    notify: float = 60.0  # each notify: command at the run's end (its process group is killed after this)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class Inventory:
     master_port_fixed: bool = False  # the inventory names the port (kept on restarts; else one afresh)
     retention: Retention = field(default_factory=Retention)
     relay: str = "auto"  # push: {relay: auto|true|false}: hosts pass the push on to each other (hosts/relay.py)
+    notify: Tuple[str, ...] = ()  # shell commands rank 0's host runs when the run ends (remote/host/run/notify.py)
 
 
 def _read_host_settings(r: NodeReader, entries: Dict[str, Tuple[yaml.Node, yaml.Node]], key: str) -> dict:
@@ -175,12 +178,13 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
     timeouts = _read_timeouts(r, top["timeouts"][1]) if "timeouts" in top else Timeouts()
     retention = _read_retention(r, top["retention"][1]) if "retention" in top else Retention()
     relay = _read_push(r, top["push"][1]) if "push" in top else "auto"
+    notify = tuple(r.string_list(top["notify"][1], "notify", nonempty=True)) if "notify" in top else ()
     _check_min_nodes(r, top, job, hosts)
     if r.problems:
         raise InventoryError(sorted(r.problems, key=lambda p: (p.line, p.column)))
     return _checked(Inventory(path=file, hosts=tuple(hosts), master_port=master_port, job=job,
                               secrets=secrets, timeouts=timeouts, master_port_fixed=_port_fixed(top, master_port),
-                              retention=retention, relay=relay), file)
+                              retention=retention, relay=relay, notify=notify), file)
 
 
 def _hostfile_inventory(text: str, file: str, base_dir: str, local_python: str) -> Inventory:
@@ -398,10 +402,11 @@ def inventory_snapshot(inv: Inventory) -> dict:
 def inventory_from_snapshot(data: dict) -> Inventory:
     """The Inventory recorded with a run (inventory_snapshot), to reach its hosts again."""
     job = dict(data["job"])
-    for key in ("args", "sync", "exclude", "setup"):
+    for key in ("args", "sync", "exclude", "setup", "outputs", "ports"):
         if key in job:
             job[key] = tuple(job[key])
     return Inventory(path=data["path"], hosts=tuple(Host(**h) for h in data["hosts"]),
                      master_port=data["master_port"], job=Job(**job), secrets=tuple(data["secrets"]),
                      timeouts=Timeouts(**data["timeouts"]), master_port_fixed=data.get("master_port_fixed", False),
-                     retention=Retention(**data.get("retention", {})), relay=data.get("relay", "auto"))
+                     retention=Retention(**data.get("retention", {})), relay=data.get("relay", "auto"),
+                     notify=tuple(data.get("notify") or ()))

@@ -12,11 +12,11 @@ import yaml
 
 from ..errors import UsageError
 from . import placeholders
-from .yaml_nodes import NodeReader
+from .yaml_nodes import NodeReader, describe
 
 JOB_KEYS = ("root", "script", "module", "args", "rank_flags", "launcher", "setup", "restarts", "min_nodes",
             "restart_delay", "checkpoint_dir", "sync", "exclude", "init_method", "backend", "timeout", "time_limit",
-            "shared_dir")
+            "shared_dir", "outputs", "ports")
 LAUNCHERS = ("python", "torchrun")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".mypy_cache/", ".pytest_cache/")
@@ -44,6 +44,8 @@ class Job:
     min_nodes: Optional[int] = None  # fewer hosts left than this: no restart (None: every host)
     restart_delay_s: float = 5.0
     checkpoint_dir: Optional[str] = None  # shared across hosts and attempts; default: one per run and host
+    outputs: Tuple[str, ...] = ()  # what `pull` brings back (paths or globs in the job folder, or checkpoints/...)
+    ports: Tuple[int, ...] = ()  # ports on rank 0's host forwarded to this machine while an attached run lives
 
     @property
     def entry(self) -> Optional[Tuple[str, ...]]:
@@ -100,13 +102,15 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
     checkpoint_dir = read_absolute(r, job.node("checkpoint_dir"), "job.checkpoint_dir",
                                     "must be an absolute path on the hosts (a shared folder, or one on each)")
     exclude = tuple(job.read("exclude", r.string_list, ()))
+    outputs = _read_outputs(r, job.node("outputs"))
+    ports = _read_ports(r, job.node("ports"))
     # A value that failed to read is None (its problem is recorded); the defaults keep the Job well-formed.
     return Job(root=root, script=script, args=args, sync=tuple(_read_sync(r, job.node("sync"), root)),
                exclude=DEFAULT_EXCLUDES + exclude, init_method=init_method or "env", backend=backend or "gloo",
                timeout_s=timeout or 1800.0, time_limit_s=time_limit, shared_dir=shared_dir, module=module,
                rank_flags=launcher == "python" if rank_flags is None else rank_flags, launcher=launcher,
                setup=setup, restarts=restarts or 0, min_nodes=min_nodes, restart_delay_s=5.0 if delay is None else delay,
-               checkpoint_dir=checkpoint_dir)
+               checkpoint_dir=checkpoint_dir, outputs=outputs, ports=ports)
 
 
 def _read_root(r: NodeReader, job: _Entries, base_dir: str) -> str:
@@ -169,6 +173,42 @@ def _read_sync(r: NodeReader, node: Optional[yaml.Node], root: str) -> List[str]
             if rel is not None:
                 sync.append(rel + ("/" if value.endswith("/") and rel != "." else ""))
     return sync
+
+
+def output_problem(value: str) -> Optional[str]:
+    """What is wrong with a job.outputs entry or a `pull` PATH (None: nothing): it must stay in the run."""
+    if ".." in value.split("/"):
+        return f"{value!r} leads out of the run's folder (..); give a path inside the job folder"
+    if value.startswith("/"):
+        return (f"{value!r} is absolute; give a path relative to the job folder (where the ranks ran), or "
+                "checkpoints/... for the run's checkpoint folder")
+    if not value.strip("/. "):
+        return f"{value!r} names nothing; give a file, a folder or a glob such as outputs/ or \"*.pt\""
+    return None
+
+
+def _read_outputs(r: NodeReader, node: Optional[yaml.Node]) -> Tuple[str, ...]:
+    """job.outputs: paths or globs in the job folder (or checkpoints/...), each kept inside the run."""
+    if node is None:
+        return ()
+    return tuple(r.string_list(node, "job.outputs", nonempty=True, check=output_problem))
+
+
+def _read_ports(r: NodeReader, node: Optional[yaml.Node]) -> Tuple[int, ...]:
+    """job.ports: TCP ports on rank 0's host (TensorBoard's 6006, Jupyter's 8888), each once."""
+    if node is None:
+        return ()
+    if not isinstance(node, yaml.SequenceNode):
+        r.error(node, "job.ports", f"expected a list of ports such as [6006], got {describe(node)}")
+        return ()
+    ports: List[int] = []
+    for i, item in enumerate(node.value):
+        port = r.integer(item, f"job.ports[{i}]", 1, 65535)
+        if port is not None and port in ports:
+            r.error(item, f"job.ports[{i}]", f"port {port} is listed twice")
+        elif port is not None:
+            ports.append(port)
+    return tuple(ports)
 
 
 def _read_shared_dir(r: NodeReader, node: Optional[yaml.Node]) -> Optional[str]:

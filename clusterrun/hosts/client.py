@@ -19,6 +19,7 @@ from ..remote import (BOOTSTRAP, EXIT_PROGRAM_MISSING, EXIT_UNSAFE_WORKDIR, INST
                       UNSAFE_WORKDIR)
 from ..transport import Stream, StreamClosed, Transport
 from .manifest import Manifest, objects_to_send, read_chunks
+from .pull import PullStream
 from .relay import RelayGroup
 from .wire import FollowStream, Prepended, ProgramMissing, exit_code_of, pack_msg, read_msg
 
@@ -121,6 +122,27 @@ class HostClient:
                 raise self._command_failed(f"cannot read {rel}", done.exit_code, done.stderr)
             raise RemoteCommandError(self.label, reply["error"], exit_code=done.exit_code)
         return done.stdout
+
+    def pull(self, run_id: str, paths: Sequence[str]) -> PullStream:
+        """What the PATHs select in the run's folder on this host, listed (sizes, modes, SHA-256); the
+        PullStream then fetches the files wanted (remote/host/observe/pull.py)."""
+        def attempt() -> PullStream:
+            stream = self.transport.open(self.argv("pull", run_id))
+            pull = PullStream(stream, self.label, self.timeouts.command)
+            try:
+                pull.request(paths, list_timeout=self.timeouts.command * 5)
+            except ConnectError:
+                missing = exit_code_of(stream) == EXIT_PROGRAM_MISSING
+                stream.close()
+                if missing:
+                    raise ProgramMissing() from None
+                raise
+            except BaseException:
+                stream.close()
+                raise
+            return pull
+
+        return self._with_program(attempt)
 
     def free_port(self) -> int:
         return int(self.call("free-port")["port"])

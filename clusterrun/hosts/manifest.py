@@ -144,6 +144,11 @@ class HashCache:
         self._dirty = True
         return digest.hexdigest()
 
+    def note(self, path: str, st: os.stat_result, sha: str) -> None:
+        """A file whose SHA-256 is known without reading it (it was checked as it was written)."""
+        self._entries[path] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, sha]
+        self._dirty = True
+
     def save(self) -> None:
         if not (self.path and self._dirty):
             return

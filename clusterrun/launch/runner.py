@@ -17,18 +17,21 @@ from dataclasses import replace
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..config.inventory import Host, Inventory, inventory_snapshot
+from ..config.sizes import size_text
 from .. import outcome
 from ..errors import ClusterrunError, ConnectError, HostsFailed
 from ..events import HostDone, HostProgress, Notice, Phase
 from ..hosts.client import HeldPush, HostClient
+from ..hosts.forward import Forwarder, PortSpec, banner
 from ..hosts.group import GroupResult, background, fan_out
 from ..hosts.relay import RelayGroup
 from ..hosts.relay import for_push as relay_for_push
 from ..hosts.manifest import HashCache, Manifest, build_manifest
 from ..outcome import RunOutcome
 from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, setup_request
+from ..registry.pull import pull_files, pull_targets
 from ..registry.store import RunStore, controller_identity
-from ..states import Cleanup, HostState, RunState
+from ..states import Cleanup, HostState, RankState, RunState
 from . import restarts
 from .job_setup import run_setup
 from .monitor import Monitor
@@ -70,6 +73,7 @@ class Runner:
         self._started: List[int] = []
         self._plan: Optional[LaunchPlan] = None  # the attempt being launched or followed
         self._network: Dict[int, dict] = {}  # by inventory index: the interface its push found (plan.net_choice)
+        self._forwarding: Optional[Tuple[List[bool], Future]] = None  # job.ports: (stop flag, the loop)
 
     # -------------------------------------------------------------- signals
 
@@ -103,7 +107,11 @@ class Runner:
                 self.store.update_run(self.run_id, state=RunState.RUNNING, detached=1, controller=None)
                 return self._timed(outcome.detached(self.run_id))
             self.store.update_run(self.run_id, state=RunState.RUNNING)
+            self._forward_ports()
             result = self._invoke_run(plan)
+            self._stop_forwards()
+            if self.inv.job.outputs:  # a failed run's too: its partial results are the evidence
+                self._pull_outputs(result)
             return replace(result, phases=tuple(self._phases) + (("run", result.seconds),), seconds=self._elapsed())
         except Interrupted:
             self._undo(self._plan, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
@@ -113,12 +121,70 @@ class Runner:
             self._conclude(outcome.launch_failed(self.run_id, exc))
             raise
         finally:
+            self._stop_forwards()
             self._closing = True
             self._abandon_held()
             with self._lock:
                 clients = list(self._clients.values())
             for client in clients:
                 client.close()
+
+    # -------------------------------------------------------------- around the run: ports, outputs
+
+    def _rank0_client(self) -> HostClient:
+        """The connection to rank 0's host of the attempt being run (restarts may move rank 0)."""
+        return self._client(self._plan.nodes[0].index)
+
+    def _forward_ports(self) -> None:
+        """job.ports: each reaches localhost:PORT on rank 0's host from 127.0.0.1:PORT here while the run
+        lives, in one background loop (hosts/forward.py); a port taken here is passed over, said once."""
+        if not self.inv.job.ports:
+            return
+        note = lambda text: self._post(Notice(f"job.ports: {text}", "warning"))  # noqa: E731
+        forwarder = Forwarder(lambda port: self._rank0_client().transport.tunnel(port),
+                              [PortSpec(p, p) for p in self.inv.job.ports], on_note=note,
+                              on_taken=lambda spec, why: self._emit(Notice(f"job.ports: {why}: port {spec.remote} "
+                                                                           "not forwarded", "warning")))
+        for spec in forwarder.bound:  # queued: shown once the run's own lines begin
+            self._post(Notice(banner(spec.remote, spec.local, self._plan.nodes[0].host.name), "info"))
+        stop: List[bool] = []
+        self._forwarding = (stop, background(forwarder.serve, lambda: bool(stop), thread_name="forward"))
+
+    def _stop_forwards(self) -> None:
+        if self._forwarding is not None:
+            stop, served = self._forwarding
+            self._forwarding = None
+            stop.append(True)
+            try:
+                served.result(timeout=2.0)
+            except Exception:  # the forwarding loop's end must not change the run's
+                pass
+
+    def _pull_outputs(self, result: RunOutcome) -> None:
+        """job.outputs from rank 0's host over its open connection, into runs/RUN/outputs/ here (the
+        registry notes it: `clean` keeps runs whose outputs were never pulled). A Ctrl-C stops the pull
+        (the next `clusterrun pull` continues it); nothing here changes the run's result."""
+        if any(r.state is RankState.LOST and r.node_rank == 0 for r in result.ranks):
+            self._emit(Notice(f"job.outputs not pulled: rank 0's host was lost; `clusterrun pull {self.run_id}` "
+                              "once it is back", "warning"))
+            return
+        record = self.store.get(self.run_id)
+        folder, targets = pull_targets(self.store, record)
+        seen = len(self._interrupts)
+        self._emit(Phase("pull"))
+        try:
+            result = pull_files(self.store, record, targets, lambda host: self._rank0_client(), record.outputs, folder,
+                                post=self._post, poll=self._drain, stop=lambda: len(self._interrupts) > seen,
+                                require=False)
+        except ClusterrunError as exc:
+            self._emit(Notice(f"job.outputs not pulled: {exc}; `clusterrun pull {self.run_id}` later", "warning"))
+            return
+        for h in result.hosts:
+            unmatched = f"; matched nothing: {', '.join(h.unmatched)}" if h.unmatched else ""
+            self._emit(Notice(f"job.outputs: {h.files} files from {h.host} in {h.folder} ({h.fetched} fetched, "
+                              f"{size_text(h.received)}){unmatched}"))
+        for err in result.failed.values():
+            self._emit(Notice(f"job.outputs not pulled: {err}; `clusterrun pull {self.run_id}` later", "warning"))
 
     # -------------------------------------------------------------- attempts
 
@@ -383,7 +449,7 @@ class Runner:
     def _spec(self, plan: LaunchPlan, node: NodePlan) -> dict:
         left = None if plan.time_limit_s is None else max(1.0, plan.time_limit_s - self._elapsed())
         return host_spec(self.inv, plan, node, self._secrets, time_left=left, peer_token=self._peer_token,
-                         coordinator_port=self._coordinator_port)
+                         coordinator_port=self._coordinator_port, detached=self._detach)
 
     def _start_node(self, plan: LaunchPlan, node: NodePlan) -> None:
         t = time.monotonic()

@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from ..config.inventory import Inventory
-from ..plan import LaunchPlan, NodePlan, rank_env
+from ..plan import PER_WORKER_ENV, LaunchPlan, NodePlan, rank_env
 
 
 def host_spec(inv: Inventory, plan: LaunchPlan, node: NodePlan, secrets: Mapping[str, str], *,
-              time_left: Optional[float], peer_token: str, coordinator_port: Optional[int]) -> dict:
+              time_left: Optional[float], peer_token: str, coordinator_port: Optional[int],
+              detached: bool = False) -> dict:
     spec = {"attempt_key": plan.attempt_key, "run_id": plan.run_id, "node_rank": node.node_rank, "node": node.host.name,
             "grace": inv.timeouts.grace, "fail_fast": True, "time_limit": time_left,
             "secret_names": list(plan.secret_names),
@@ -21,7 +22,21 @@ def host_spec(inv: Inventory, plan: LaunchPlan, node: NodePlan, secrets: Mapping
         values = {name: secrets[name] for name in plan.secret_names}
         spec.update({"launcher": "torchrun", "command": list(node.torchrun), "entry": list(node.entry),
                      "env": {**node.env, **values}, "ranks": [{"rank": r.rank} for r in node.ranks]})
+    if inv.notify and node.node_rank == 0:
+        spec["notify"] = notify_conf(inv, plan, node, detached)
     return spec
+
+
+def notify_conf(inv: Inventory, plan: LaunchPlan, node: NodePlan, detached: bool) -> dict:
+    """What rank 0's host's supervisor runs when the run ends (remote/host/run/notify.py). Its env holds no
+    secret values: the host takes them from the ranks' env, which the scrub clears from spec.json."""
+    first = node.ranks[0].env if node.ranks else {}
+    env = {k: v for k, v in first.items() if k not in PER_WORKER_ENV and k not in plan.secret_names}
+    env.update({"CLUSTERRUN_PYTHON": node.host.python})
+    # restarts are the controller's: a detached run (or one whose controller died) makes no new attempt
+    left = 0 if detached else max(0, inv.job.restarts - plan.attempt)
+    return {"commands": list(inv.notify), "timeout": inv.timeouts.notify, "env": env, "attempt": plan.attempt,
+            "restarts_left": left}
 
 
 def peers(inv: Inventory, plan: LaunchPlan, node: NodePlan, token: str, coordinator_port: Optional[int]) -> dict:

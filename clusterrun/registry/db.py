@@ -27,6 +27,8 @@ CREATE TABLE IF NOT EXISTS ranks (
 CREATE TABLE IF NOT EXISTS tombstones (
   id TEXT PRIMARY KEY, state TEXT, exit_code INTEGER, created_at REAL, ended_at REAL, removed_at REAL);
 CREATE TABLE IF NOT EXISTS cleaned (run_id TEXT, host TEXT, at REAL, bytes INTEGER, PRIMARY KEY (run_id, host));
+CREATE TABLE IF NOT EXISTS pulls (
+  run_id TEXT, host TEXT, at REAL, files INTEGER, bytes INTEGER, folder TEXT, PRIMARY KEY (run_id, host));
 CREATE TABLE IF NOT EXISTS attempts (
   run_id TEXT, attempt INTEGER, started_at REAL, ended_at REAL, hosts TEXT, world_size INTEGER, state TEXT,
   exit_code INTEGER, reason TEXT, dropped TEXT, plan TEXT, ranks TEXT, PRIMARY KEY (run_id, attempt));

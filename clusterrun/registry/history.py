@@ -1,6 +1,7 @@
 """The registry's history of a run beyond its current attempt, each kept by an object the store owns:
-`AttemptLog`, the finished attempts of a run that restarts (job.restarts), and `CleanLog`, what `clean`
-removed (run folders on hosts; whole records here, each leaving a one-line tombstone)."""
+`AttemptLog`, the finished attempts of a run that restarts (job.restarts), `CleanLog`, what `clean`
+removed (run folders on hosts; whole records here, each leaving a one-line tombstone), and `PullLog`, the
+pulls of its outputs that completed (`clean` keeps a run whose outputs were never pulled)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,18 @@ class CleanLog:
 
     def tombstones(self) -> List[Dict[str, Any]]:
         return [dict(r) for r in self._db.rows("SELECT * FROM tombstones ORDER BY id DESC")]
+
+
+class PullLog:
+    """The pulls of a run's files that completed, per host: the last one's time, files, bytes, folder."""
+
+    def __init__(self, db: Db):
+        self._db = db
+
+    def note(self, run_id: str, host: str, files: int, received: int, folder: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO pulls VALUES (?, ?, ?, ?, ?, ?)",
+                         (run_id, host, time.time(), files, received, folder))
+
+    def hosts(self, run_id: str) -> Dict[str, float]:
+        """Hosts the run's files were pulled from, and when (the last time)."""
+        return {r["host"]: r["at"] for r in self._db.rows("SELECT host, at FROM pulls WHERE run_id = ?", (run_id,))}

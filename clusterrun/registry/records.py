@@ -71,10 +71,21 @@ class RunRecord:
     attempt: int = 0
     restarts: int = 0  # how many attempts after the first the run may have
     attempts: Tuple[AttemptRecord, ...] = ()  # the finished ones before the current
+    pulled: Tuple[str, ...] = ()  # hosts its files were pulled from (a pull that completed)
 
     @property
     def terminal(self) -> bool:
         return self.state.terminal
+
+    @property
+    def outputs(self) -> Tuple[str, ...]:
+        """The inventory's job.outputs when the run was launched."""
+        return tuple((self.snapshot.get("job") or {}).get("outputs") or ())
+
+    @property
+    def outputs_unpulled(self) -> bool:
+        """The run names outputs (job.outputs) and no pull of them ever completed."""
+        return bool(self.outputs) and not self.pulled
 
     @property
     def cleanup_pending(self) -> List[str]:
@@ -86,6 +97,7 @@ class RunRecord:
                 "detached": self.detached, "phases": self.phases, "hosts": [h.to_json() for h in self.hosts],
                 "ranks": [r.to_json() for r in self.ranks], "cleanup_pending": self.cleanup_pending,
                 "attempt": self.attempt, "restarts": self.restarts,
-                "attempts": [a.to_json() for a in self.attempts],
+                "attempts": [a.to_json() for a in self.attempts], "outputs": list(self.outputs),
+                "pulled": list(self.pulled),
                 # network.ifname: what each host's ranks were given and why (plan.NetChoice)
                 "network": {n["name"]: n["network"] for n in self.plan.get("nodes", ()) if "network" in n}}

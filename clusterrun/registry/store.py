@@ -21,8 +21,10 @@ from ..outcome import RankResult, RunOutcome
 from ..remote.host.procs import start_ticks
 from ..states import Cleanup, HostState, RankState, RunState
 from .db import Db, StateError  # noqa: F401  (StateError: part of the store's interface)
-from .history import AttemptLog, CleanLog
+from .history import AttemptLog, CleanLog, PullLog
 from .records import HostRecord, RunRecord
+
+PULLED = "outputs"  # runs/RUN/outputs/: what `pull` brought back (kept when the record is pruned)
 
 __all__ = ["RunStore", "RunRecord", "HostRecord", "StateError", "state_dir", "controller_identity",
            "controller_alive"]
@@ -52,8 +54,8 @@ def controller_alive(ident: Optional[dict]) -> bool:
 
 
 class RunStore:
-    """The registry. `attempts` (finished attempts of runs that restart) and `cleaned` (what `clean`
-    removed, tombstones) are logs it owns."""
+    """The registry. `attempts` (finished attempts of runs that restart), `cleaned` (what `clean`
+    removed, tombstones) and `pulls` (pulls of a run's files that completed) are logs it owns."""
 
     def __init__(self, home: Optional[str] = None):
         self.home = home or state_dir()
@@ -61,6 +63,7 @@ class RunStore:
         self._db = Db(self.home)
         self.attempts = AttemptLog(self._db, self.log_file)
         self.cleaned = CleanLog(self._db)
+        self.pulls = PullLog(self._db)
 
     def close(self) -> None:
         self._db.close()
@@ -130,9 +133,9 @@ class RunStore:
                        (run_id, record.state.value, record.exit_code, record.created_at, record.ended_at,
                         time.time()))
             for table, key in (("ranks", "run_id"), ("hosts", "run_id"), ("attempts", "run_id"),
-                               ("cleaned", "run_id"), ("runs", "id")):
+                               ("cleaned", "run_id"), ("pulls", "run_id"), ("runs", "id")):
                 db.execute(f"DELETE FROM {table} WHERE {key} = ?", (run_id,))
-        shutil.rmtree(os.path.join(self.home, "runs", run_id), ignore_errors=True)
+        _drop_log_copies(os.path.join(self.home, "runs", run_id))
 
     # -------------------------------------------------------------- reading
 
@@ -157,7 +160,7 @@ class RunStore:
                          controller=json.loads(row["controller"]) if row["controller"] else None,
                          detached=bool(row["detached"]), phases=json.loads(row["phases"] or "{}"),
                          hosts=hosts, ranks=ranks, attempt=attempt, restarts=row["restarts"] or 0,
-                         attempts=self.attempts.of(run_id))
+                         attempts=self.attempts.of(run_id), pulled=tuple(sorted(self.pulls.hosts(run_id))))
 
     def ids(self, limit: Optional[int] = None) -> List[str]:
         sql = "SELECT id FROM runs ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
@@ -206,10 +209,32 @@ class RunStore:
         """The local copy of a host's other output (its setup, torchrun's own messages)."""
         return os.path.join(self._attempt_dir(run_id, attempt), f"{host}-{stream}.log")
 
+    def outputs_dir(self, run_id: str) -> str:
+        """Where `pull` puts a run's files by default: runs/RUN/outputs/ (made, 0700)."""
+        path = os.path.join(self.log_dir(run_id), PULLED)
+        os.makedirs(path, 0o700, exist_ok=True)
+        return path
+
     def log_file(self, run_id: str, rank: int, attempt: int = 0) -> str:
         """Where the local copy of a rank's log is (or would be); makes nothing."""
         parts = [self.home, "runs", run_id] + ([f"attempt-{attempt}"] if attempt else [])
         return os.path.join(*parts, f"rank-{rank}.log")
+
+
+def _drop_log_copies(folder: str) -> None:
+    """A pruned run's folder here loses its log copies; what was pulled (outputs/) is the user's and stays."""
+    if not os.path.isdir(folder):
+        return
+    for name in os.listdir(folder):
+        if name == PULLED:
+            continue
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    if not os.listdir(folder):
+        os.rmdir(folder)
 
 
 def _insert_ranks(db, run_id: str, ranks: List[dict]) -> None:

@@ -43,12 +43,34 @@ class Stream(Protocol):
     def close(self) -> None: ...
 
 
+class Tunnel(Protocol):
+    """A TCP connection to localhost:PORT on the host (the far end of `ssh -L`), driven by one select loop:
+    it has a fileno, and neither recv nor send blocks."""
+
+    def fileno(self) -> int: ...
+
+    def recv(self, n: int) -> bytes:
+        """What arrived (call when select says readable); b"" once the far end closed."""
+
+    def send(self, data: bytes) -> int:
+        """How much of data it took now (0: none; come back when writable)."""
+
+    def writable(self) -> bool: ...
+
+    def shutdown_write(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Transport(Protocol):
     label: str  # host name, for messages
 
     def open(self, argv: Sequence[str]) -> Stream: ...
 
     def run(self, argv: Sequence[str], *, stdin: Optional[bytes] = None, timeout: float) -> Completed: ...
+
+    def tunnel(self, port: int) -> Tunnel:
+        """A connection to localhost:PORT on the host; ConnectError when nothing answers there."""
 
     def close(self) -> None: ...
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 import subprocess
 import tempfile
 from typing import Optional, Sequence
 
-from ..errors import RemoteCommandError
+from ..errors import ConnectError, RemoteCommandError
 from . import Completed, StreamClosed, run_on
 
 
@@ -75,9 +76,53 @@ class LocalStream:
         self._err.close()
 
 
+class LocalTunnel:
+    """A plain TCP connection to localhost:PORT here, non-blocking for one select loop."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def recv(self, n: int) -> bytes:
+        try:
+            return self._sock.recv(n)
+        except BlockingIOError:
+            raise
+        except OSError:  # reset: the end, as for a channel
+            return b""
+
+    def send(self, data: bytes) -> int:
+        try:
+            return self._sock.send(data)
+        except BlockingIOError:
+            return 0
+
+    def writable(self) -> bool:
+        return bool(select.select([], [self._sock], [], 0)[1])
+
+    def shutdown_write(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._sock.close()
+
+
 class LocalTransport:
     def __init__(self, label: str):
         self.label = label
+
+    def tunnel(self, port: int) -> LocalTunnel:
+        try:
+            return LocalTunnel(socket.create_connection(("localhost", port), timeout=5.0))
+        except OSError as exc:
+            raise ConnectError(self.label, f"nothing answers on localhost:{port} there "
+                                           f"({exc.strerror or exc})") from None
 
     def open(self, argv: Sequence[str]) -> LocalStream:
         try:

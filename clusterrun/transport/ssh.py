@@ -123,6 +123,48 @@ class SshStream:
             pass
 
 
+class SshTunnel:
+    """A direct-tcpip channel (what `ssh -L` opens per connection), non-blocking for one select loop."""
+
+    def __init__(self, channel: paramiko.Channel):
+        self._ch = channel
+        self._ch.settimeout(0.0)
+
+    def fileno(self) -> int:
+        return self._ch.fileno()  # a pipe paramiko makes readable when data (or the end) arrives
+
+    def recv(self, n: int) -> bytes:
+        try:
+            return self._ch.recv(n)
+        except socket.timeout:
+            raise BlockingIOError from None
+        except (OSError, EOFError, paramiko.SSHException):
+            return b""
+
+    def send(self, data: bytes) -> int:
+        try:
+            return self._ch.send(data)
+        except socket.timeout:
+            return 0
+        except (EOFError, paramiko.SSHException) as exc:
+            raise OSError(str(exc) or type(exc).__name__) from None
+
+    def writable(self) -> bool:
+        return self._ch.send_ready()
+
+    def shutdown_write(self) -> None:
+        try:
+            self._ch.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+    def close(self) -> None:
+        try:
+            self._ch.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+
 class SshTransport:
     def __init__(self, label: str, transport: paramiko.Transport, timeouts: Timeouts,
                  hops: Sequence[paramiko.Transport] = ()):
@@ -148,6 +190,18 @@ class SshTransport:
 
     def run(self, argv: Sequence[str], *, stdin: Optional[bytes] = None, timeout: float) -> Completed:
         return run_on(self, argv, stdin=stdin, timeout=timeout)
+
+    def tunnel(self, port: int) -> SshTunnel:
+        """localhost:PORT as the host sees it, through this connection (its jumps, keys and config)."""
+        try:
+            channel = self._t.open_channel("direct-tcpip", ("localhost", port), ("127.0.0.1", 0),
+                                           window_size=WINDOW, timeout=self._timeouts.connect)
+        except paramiko.ChannelException as exc:  # sshd could not connect: nothing listens there
+            raise ConnectError(self.label, f"nothing answers on localhost:{port} there ({exc.text})") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectError(self.label, f"cannot open a tunnel to localhost:{port}: "
+                                           f"{exc or type(exc).__name__}") from None
+        return SshTunnel(channel)
 
     def close(self) -> None:
         for t in [self._t] + self._hops[::-1]:

@@ -16,6 +16,7 @@ from ..registry.store import RunRecord
 if TYPE_CHECKING:  # `ps` renders runs without loading the planner (and with it the inventory and YAML)
     from ..clean.apply import HostClean
     from ..plan import LaunchPlan
+    from ..registry.pull import PullResult
 
 
 def show_plan(plan: "LaunchPlan", out: Console, routes: Optional[Dict[str, str]] = None) -> None:
@@ -199,8 +200,19 @@ def show_clean(results, rules: str, dry_run: bool, out: Console) -> None:
     for h in results:
         for r in h.refused:
             out.print(Text(f"{h.host}: {r['id']}: refused: {r['why']}", style="bold red"))
+        _unpulled_lines(h, out)
     if dry_run:
         out.print(Text("dry run: nothing was removed", style="dim"))
+
+
+def _unpulled_lines(h: HostClean, out: Console) -> None:
+    """A line for each run kept because its outputs were never pulled (the one kind of keep to act on)."""
+    from ..clean.policy import UNPULLED
+
+    refused = {r["id"] for r in h.refused}
+    for d in h.decisions:
+        if not d.remove and d.why.startswith(UNPULLED) and d.run_id not in refused:
+            out.print(Text(f"{h.host}: {d.run_id}: kept: {d.why}", style="yellow"))
 
 
 def _cache_text(h: HostClean) -> str:
@@ -228,3 +240,23 @@ def show_local_clean(done: Sequence[Tuple[str, bool, str]], dry_run: bool, out: 
                    + ("" if dry_run else " (each leaves a tombstone)")))
     for run_id, why in gone:
         out.print(Text(f"  {run_id}: {why}", style="dim"))
+
+
+def show_pull(result: "PullResult", out: Console) -> None:
+    """`pull`: per host what the PATHs selected, what came (new or changed, resumed), what did not match
+    or was passed over; then where the files are."""
+    from ..config.sizes import size_text
+
+    for h in result.hosts:
+        resumed = f", {h.resumed} resumed" if h.resumed else ""
+        out.print(Text(f"{h.host}: {h.files} files, {h.fetched} fetched ({size_text(h.received)}{resumed}), "
+                       f"{h.files - h.fetched} unchanged -> {h.folder}"))
+        for path in h.unmatched:
+            out.print(Text(f"{h.host}: {path}: matched nothing", style="yellow"))
+        for path, why in h.skipped:
+            out.print(Text(f"{h.host}: {path}: {why}", style="yellow"))
+    for err in result.failed.values():
+        out.print(Text(str(err), style="bold red"))
+    if result.snapshot:
+        out.print(Text(f"run {result.run_id} had not ended: its files as they were just now", style="dim"))
+    out.print(Text(f"pulled into {result.folder}", style="bold"))

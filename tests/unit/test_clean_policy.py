@@ -140,3 +140,44 @@ def test_the_sweep_collects_objects_a_killed_push_left_half_written(host_client,
     partial.write_bytes(b"half")
     host_client.clean({"remove": [], "cache": True})
     assert not partial.exists()
+
+
+def test_a_run_whose_outputs_were_never_pulled_stays_unless_forced(tmp_path):
+    from clusterrun.clean.apply import clean_local
+    from clusterrun.outcome import interrupted
+
+    store = RunStore(str(tmp_path / "state"))
+    ids = ("20261201-000000-0001", "20261201-000000-0002", "20261201-000000-0003")
+    for run_id, outputs in zip(ids, (["outputs/"], ["outputs/"], [])):
+        store.create(run_id, "inv.yaml", {"job": {"outputs": outputs}}, {"nodes": []}, {}, [], [])
+        store.conclude(interrupted(run_id))
+    store.pulls.note(ids[1], "node0", 2, 1000, "/tmp/x")  # its outputs came back
+    records = {run_id: store.get(run_id) for run_id in ids}
+    assert records[ids[1]].pulled == ("node0",) and records[ids[0]].outputs_unpulled
+    listing = [entry(run_id) for run_id in ids]
+    decisions = {d.run_id: d for d in select_removals(listing, Rules(keep=0), records, NOW)}
+    assert removed(decisions.values()) == [ids[1], ids[2]]  # pulled, and a run that names no outputs
+    assert decisions[ids[0]].why == f"outputs never pulled: `clusterrun pull {ids[0]}` first, or --force"
+    named = {d.run_id: d for d in select_removals(listing, Rules(runs=(ids[0],)), records, NOW)}
+    assert not named[ids[0]].remove  # naming it is not enough
+    assert removed(select_removals(listing, Rules(keep=0, force=True), records, NOW)) == list(ids)
+    # the registry's own pruning keeps it too (a tombstone would lose the protection)
+    assert [(i, r) for i, r, _ in clean_local(store, Rules(keep=0))] == [(ids[0], False), (ids[1], True),
+                                                                         (ids[2], True)]
+    assert [(i, r) for i, r, _ in clean_local(store, Rules(keep=0, force=True))] == [(ids[0], True)]
+
+
+def test_pruning_a_record_keeps_what_was_pulled(tmp_path):
+    from clusterrun.outcome import interrupted
+
+    store = RunStore(str(tmp_path / "state"))
+    store.create("20261201-000000-0001", "inv.yaml", {}, {"nodes": []}, {}, [], [])
+    store.conclude(interrupted("20261201-000000-0001"))
+    with open(store.log_path("20261201-000000-0001", 0), "w") as fh:
+        fh.write("log\n")
+    pulled = os.path.join(store.outputs_dir("20261201-000000-0001"), "model.pt")
+    with open(pulled, "w") as fh:
+        fh.write("weights")
+    store.prune("20261201-000000-0001")
+    assert os.listdir(os.path.join(store.home, "runs", "20261201-000000-0001")) == ["outputs"]
+    assert open(pulled).read() == "weights"

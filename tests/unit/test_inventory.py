@@ -195,3 +195,43 @@ def test_retention_defaults_off_and_values():
     with pytest.raises(InventoryError) as e:
         parse_inventory(base + "retention: {cache_max: lots, keep: 2}", "/x/i.yaml")
     assert "i.yaml:4:24: retention.cache_max" in str(e.value) and "retention.keep" in str(e.value)
+
+
+AROUND = """\
+version: 1
+hosts: [{name: node0, host: 10.0.0.10}]
+job:
+  script: train.py
+  outputs: [outputs/, "*.pt", checkpoints/last.pt]
+  ports: [6006, 8888]
+notify:
+  - curl -fsS -d "run $CLUSTERRUN_RUN_ID $CLUSTERRUN_STATE" https://ntfy.sh/my-runs
+timeouts: {notify: 30s}
+"""
+
+
+def test_outputs_ports_and_notify_are_read_and_survive_the_snapshot():
+    inv = parse_inventory(AROUND, "inv.yaml")
+    assert inv.job.outputs == ("outputs/", "*.pt", "checkpoints/last.pt")
+    assert inv.job.ports == (6006, 8888)
+    assert inv.notify == ('curl -fsS -d "run $CLUSTERRUN_RUN_ID $CLUSTERRUN_STATE" https://ntfy.sh/my-runs',)
+    assert inv.timeouts.notify == 30.0
+    assert inventory_from_snapshot(inventory_snapshot(inv)) == inv
+
+
+@pytest.mark.parametrize("fragment, where, message", [
+    ("job: {script: t.py, outputs: [../secrets]}", "4:31: job.outputs[0]", "leads out of the run's folder"),
+    ("job: {script: t.py, outputs: [/etc/passwd]}", "4:31: job.outputs[0]", "is absolute"),
+    ("job: {script: t.py, outputs: outputs/}", "4:30: job.outputs", "expected a list"),
+    ("job: {script: t.py, outputs: [\"\"]}", "4:31: job.outputs[0]", "must not be empty"),
+    ("job: {script: t.py, ports: [6006, 6006]}", "4:35: job.ports[1]", "listed twice"),
+    ("job: {script: t.py, ports: [70000]}", "4:29: job.ports[0]", "from 1 to 65535"),
+    ("job: {script: t.py, ports: 6006}", "4:28: job.ports", "expected a list of ports"),
+    ("job: {script: t.py}\nnotify: curl x", "5:9: notify", "expected a list"),
+    ("job: {script: t.py}\nnotify: [yes]", "5:10: notify[0]", "YAML boolean"),
+])
+def test_bad_outputs_ports_and_notify_name_their_place(fragment, where, message):
+    text = "version: 1\nhosts: [{name: a, host: h}]\n# the job\n" + fragment + "\n"
+    with pytest.raises(InventoryError) as exc:
+        parse_inventory(text, "inv.yaml")
+    assert f"inv.yaml:{where}: " in str(exc.value) and message in str(exc.value), str(exc.value)

@@ -10,13 +10,15 @@ RUN is a run id, or RUN/attempt-K for attempt K of a run that restarted (an atte
                             hold the channel to start the run on a later message
   run/      running it
     start RUN               write the spec (0600) from stdin, fork a detached supervisor (supervisor.py, with
-                            python_launcher.py or torchrun.py; peers.py: the supervisors among themselves),
-                            print its state
+                            python_launcher.py or torchrun.py; peers.py: the supervisors among themselves;
+                            notify.py: rank 0's host's notify: commands when the run ends), print its state
     stop RUN GRACE [WHY]    TERM the ranks' process groups, wait GRACE, KILL; idempotent
   observe/  watching it
     follow RUN OFFSETS      stream log bytes from offsets, exit records and heartbeats as frames on stdout
     status RUN              print the run's state on this host as JSON
     cat RUN PATH            print a file of the run's job folder (results such as metrics.json)
+    pull RUN                list the files PATHs select in the run's folder (sizes, modes, SHA-256), then send
+                            the ones asked for, each from an offset (framed stdin/stdout; a cut pull resumes)
   disk/     keeping the workdir clean
     runs                    list every run folder here: status, bytes, log sizes; the cache; free space
     clean                   remove the run folders named on stdin (re-checked), collect the cache

@@ -16,11 +16,13 @@ COMMANDS = {
     "follow": ("observe.follow", "cmd_follow", "run"),
     "status": ("observe.status", "cmd_status", "run"),
     "cat": ("observe.cat", "cmd_cat", "run"),
+    "pull": ("observe.pull", "cmd_pull", "workdir+run"),
     "runs": ("disk.runs", "cmd_runs", "workdir"),
     "clean": ("disk.clean", "cmd_clean", "workdir"),
     "free-port": ("net.free_port", "cmd_free_port", ""),
     "bandwidth": ("net.bandwidth", "cmd_bandwidth", ""),
 }
+FRAMED = ("receive", "pull")  # commands that speak framed messages (their errors too)
 
 
 def run_dir_of(workdir, run_id):
@@ -55,7 +57,7 @@ def main(argv):
         return handler(*_arguments(kind, workdir, args))
     except Fail as exc:
         answer = {"error": str(exc), "kind": exc.kind, "path": exc.path}
-        send_msg(answer) if command == "receive" else reply(answer)  # receive speaks framed messages
+        send_msg(answer) if command in FRAMED else reply(answer)
         return 1
     except BrokenPipeError:
         return 1

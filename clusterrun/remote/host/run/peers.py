@@ -19,6 +19,8 @@ Protocol (version 2), one JSON object per line of at most MAX_LINE bytes, both w
   then, both ways      {"beat": TIME}                                          every second
   peer → coordinator   {"failed": {"rank": R, "exit_code": C, "signal": S}}   its first failed rank
                        {"done": NODE}                                          every rank of the peer ended
+     (a peer that failed before it joined says done false in its hello, then its failure, then done: the
+     coordinator must hear of the failure before it may stop waiting for the peer)
   coordinator → peer   {"stop": {"reason": TEXT}}                              stop every rank now
 Any line that is not one of these (bad JSON, too long or deep, a wrong type, a wrong proof) drops that
 connection and nothing else: a parse or protocol error never reaches the supervisor.
@@ -325,6 +327,8 @@ class Peer:
         self.last_heard = None  # the coordinator's last authenticated word
         self.done = False  # this host's ranks have all ended: said in the hello, or sent once joined
         self.said_done = False
+        self.failure = None  # this host's first failure, to tell the coordinator (once joined)
+        self.said_failure = False
 
     def tick(self, now):
         if self.gave_up or self._silent(now):
@@ -339,6 +343,9 @@ class Peer:
             self.log("dropped the coordinator's connection: %s: %s" % (type(exc).__name__, exc))
             self._drop()
             return
+        if self.authenticated and self.failure is not None and not self.said_failure:
+            self.line.send({"failed": self.failure})  # before the done: the coordinator may end on hearing it
+            self.said_failure = True
         if self.authenticated and self.done and not self.said_done:
             self.line.send({"done": self.node_rank})
             self.said_done = True
@@ -370,10 +377,13 @@ class Peer:
             if not is_hex(msg["challenge"], NONCE_HEX):
                 raise ProtocolError("a challenge that is not a nonce")
             self.challenge, self.nonce = msg["challenge"], os.urandom(NONCE_HEX // 2).hex()
-            self.said_done = self.done
-            self.line.send({"hello": self.node_rank, "nonce": self.nonce, "done": self.done,
+            # a failure not yet told goes first, once joined: a hello saying done would let the coordinator
+            # stop waiting for this host before it heard of the failure
+            done = self.done and (self.failure is None or self.said_failure)
+            self.said_done = done
+            self.line.send({"hello": self.node_rank, "nonce": self.nonce, "done": done,
                             "mac": peer_proof(self.token, self.run, self.node_rank, self.challenge, self.nonce,
-                                              self.done)})
+                                              done)})
         elif "welcome" in msg and self.nonce is not None:
             expected = coordinator_proof(self.token, self.run, self.node_rank, self.nonce, self.challenge)
             if msg["welcome"] != self.node_rank or not same_proof(msg.get("mac"), expected):
@@ -448,6 +458,11 @@ class Peer:
     def send(self, obj):
         if self.line is not None and not self.line.closed and self.authenticated:
             self.line.send(obj)
+
+    def report(self, failure):
+        """This host's first failure: told now if joined, else as soon as it is (before it says done)."""
+        if self.failure is None:
+            self.failure = failure
 
     def finish(self, deadline):
         """Before this supervisor exits: make sure the coordinator heard that it is done (a peer that said

@@ -15,6 +15,7 @@ from ..paths import exit_path
 from ..procs import MARKER_ENV, attempt_key, group_alive, process_marker, start_ticks
 from ..secrets import scrub_run
 from ..wire import PROTOCOL
+from . import notify
 from .peers import Coordinator, Peer
 
 # Why a supervisor stopped its ranks (exit records carry it as "stop_reason").
@@ -88,6 +89,7 @@ class Supervisor:
                 side.close()
         scrub_run(self.run_dir, self.spec)
         write_json_atomic(os.path.join(self.run_dir, "done.json"), {"ended_at": time.time()})
+        notify.at_end(self)  # the run's result is settled: nothing a notify command does can change it
         return 0
 
     def state(self):
@@ -124,7 +126,7 @@ class Supervisor:
             self.peer.tick(now)
             failure = self.first_failure()
             if failure is not None and not self.told_failure:
-                self.peer.send({"failed": failure})
+                self.peer.report(failure)  # held until joined when this host failed that early
                 self.told_failure = True
             if not self.running() and not self.told_done:
                 self.peer.done = True  # said now if joined, else in the hello
