@@ -24,7 +24,10 @@ class HostDone:
     phase: str
     host: str
     seconds: float
-    detail: str = ""
+    sent: int = 0  # a push: bytes the controller sent, of total; relayed: bytes from the host before it
+    total: int = 0
+    relayed: int = 0
+    files: int = 0
 
 
 @dataclass(frozen=True)

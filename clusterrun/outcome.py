@@ -75,25 +75,38 @@ class RankResult:
             return None
         return max(0.0, self.ended_at - self.started_at)
 
-    def describe(self) -> str:
+    def describe(self, cause: Optional["RankResult"] = None) -> str:
+        """How it ended, in words; cause: the run's root cause, to say that a rank ended because of it."""
         state = RankState(self.state)
         if state is RankState.LOST:
             return f"lost ({self.note})" if self.note else "lost"
         if state is RankState.STOPPED:
-            return self._describe_stop()
+            return self._describe_stop(cause)
+        # a rank that failed on its own is not said to have failed because of the root cause: ranks that
+        # all lack torch fail within the same millisecond, and so does a rank whose peer's socket reset
         if self.signal:
             return f"killed by signal {self.signal} ({signal_name(self.signal)})"
         if self.exit_code is not None:
             return f"exit code {self.exit_code}"
         return self.note or state.value
 
-    def _describe_stop(self) -> str:
+    def _describe_stop(self, cause: Optional["RankResult"]) -> str:
+        """Who stopped it and why (the stop reason its exit record carries), then how it ended."""
         if self.note:
             return f"stopped: {self.note}"
+        reason = self.stop_reason
+        if reason == EndedBy.FAILURE.value or reason.startswith("failed elsewhere"):
+            why = f" after rank {cause.rank} on {cause.host} failed" if cause is not None and cause.rank != self.rank \
+                else " after " + (reason.split(": ", 1)[1] if ": " in reason else "another rank failed")
+        else:
+            why = _STOP_WHY.get(reason, f": {reason}" if reason else "")
+        who = "its host" if reason.startswith("lost contact") else \
+            "`clusterrun stop`" if reason == EndedBy.USER_STOP.value else "clusterrun"
         if self.signal:
-            return f"stopped by clusterrun ({signal_name(self.signal)})"
-        return f"stopped by clusterrun (exit code {self.exit_code})" if self.exit_code is not None \
-            else "stopped by clusterrun"
+            return f"stopped by {who}{why} ({signal_name(self.signal)})"
+        if self.exit_code is not None:
+            return f"stopped by {who}{why} (told to stop, it exited with code {self.exit_code})"
+        return f"stopped by {who}{why}"
 
 
 @dataclass(frozen=True)
@@ -139,6 +152,11 @@ class EndedBy(str, Enum):
     USER_STOP = "stopped"  # `clusterrun stop`
 
 
+# a stopped rank's stop reason (its exit record's) → the words after "stopped by clusterrun"
+_STOP_WHY = {EndedBy.INTERRUPT.value: " on Ctrl-C", EndedBy.TIME_LIMIT.value: " at the time limit",
+             EndedBy.USER_STOP.value: ""}
+
+
 def exit_state(info: Mapping) -> RankState:
     """A host's exit record of a rank → the rank's state."""
     if info.get("lost"):
@@ -158,6 +176,15 @@ _HINTS = (
     (re.compile(r"arguments are required:.*--(rank|world-size)"),
      "the script wants --rank/--world-size: set job.rank_flags: true, or pass them in job.args with "
      "placeholders ({rank}, {world_size})"),
+    (re.compile(r"No module named '(torch)\b"),
+     "the host's Python has no torch: set python: (under defaults:, or per host) to an interpreter that has "
+     "it, such as a venv's bin/python, or install torch there; `clusterrun check INVENTORY` tests every host"),
+    (re.compile(r"No module named '([\w.]+)'"),
+     "the host's Python lacks the module \\1: install it there (job.setup can: `$CLUSTERRUN_PYTHON -m pip "
+     "install ...`), or set python: to an interpreter that has it"),
+    (re.compile(r"EADDRINUSE|[Aa]ddress already in use"),
+     "something already listens on the master port on rank 0's host (another run still going? `clusterrun "
+     "ps`); master: {port: auto} takes a free port"),
 )
 
 
@@ -173,10 +200,14 @@ Addresses = Mapping[str, Tuple[str, str]]  # address → (host, "addr" | "chosen
 
 def hint_for(result: RankResult, addresses: Optional[Addresses] = None) -> str:
     """A hint for the root cause, from the rank's last log lines ("" when none applies). addresses: what
-    the run knows of its hosts' addresses (plan.known_addresses), to say whose an address is."""
+    the run knows of its hosts' addresses (plan.known_addresses), to say whose an address is. A hint may
+    name INVENTORY, for the one who shows it to replace."""
     text = "\n".join(result.tail)
-    return next((hint for pattern, hint in _HINTS if pattern.search(text)), "") or \
-        network_hint(result, text, addresses or {})
+    for pattern, hint in _HINTS:
+        found = pattern.search(text)
+        if found:
+            return found.expand(hint)
+    return network_hint(result, text, addresses or {})
 
 
 def _peer_address(text: str) -> Optional[Tuple[str, str]]:
@@ -334,6 +365,17 @@ def attempt_not_started(run_id: str, ranks: Sequence[Any], exc: HostsFailed) -> 
                     RankResult(r.rank, r.node_rank, r.host_name, RankState.STOPPED,
                                note="its attempt did not start everywhere") for r in ranks)
     return replace(launch_failed(run_id, exc), ranks=results)
+
+
+def recorded(run_id: str, state: RunState, exit_code: Optional[int], reason: str, ranks: Sequence[RankResult], *,
+             cleanup_pending: Sequence[str] = (), seconds: float = 0.0,
+             attempts: Sequence[AttemptSummary] = ()) -> RunOutcome:
+    """A run's end as the registry keeps it (`logs -f` of a run launched elsewhere or detached): the verdict
+    made when it ended, the root cause found again from its ranks (the failed ones with their last lines)."""
+    ranks = tuple(ranks)
+    return RunOutcome(run_id, state, state.exit_code if exit_code is None else exit_code, reason,
+                      root_cause=root_cause(ranks), ranks=ranks, cleanup_pending=tuple(cleanup_pending),
+                      seconds=seconds, attempts=tuple(attempts) if len(attempts) > 1 else ())
 
 
 def with_attempts(outcome: RunOutcome, attempts: Sequence[AttemptSummary]) -> RunOutcome:

@@ -2,9 +2,17 @@
 # Make a Debian 12 machine ready for the integration lane (run as root from the repo root):
 # docker + compose + debootstrap + ssh client installed, dockerd answering, the 198.18.0.0/15
 # blackhole route in place, and the host image built (a no-op when its inputs have not changed).
-#   PYTHON=.venv/bin/python sh docker/ci-prepare.sh
+#   PYTHON=.venv/bin/python sh docker/ci-prepare.sh   (as another user it runs itself again through sudo)
 set -eu
 cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        exec sudo PYTHON="${PYTHON:-}" sh docker/ci-prepare.sh "$@"
+    fi
+    echo "ci-prepare: run as root (it installs packages and starts dockerd); there is no sudo here" >&2
+    exit 1
+fi
 
 missing=""
 for pkg in docker.io docker-compose debootstrap openssh-client iproute2 procps; do

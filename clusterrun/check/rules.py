@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import EXIT_CONNECT, EXIT_OK, AuthError, HostError, HostKeyChanged, HostKeyUnknown
+from ..errors import EXIT_CONNECT, EXIT_FAILED, EXIT_OK, AuthError, HostError, HostKeyChanged, HostKeyUnknown
 from ..config.sizes import size_text
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -59,8 +59,18 @@ class Report:
     def ok(self) -> bool:
         return all(h.ok for h in self.hosts)
 
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing failed; 3 when every failure is a host that could not be reached (as for a
+        launch); else 1 (a port in use, torch missing, a firewall, ...)."""
+        failed = [h for h in self.hosts if not h.ok]
+        if not failed:
+            return EXIT_OK
+        unreachable = all((h.get("ssh") or CheckResult("ssh", OK, "")).status == FAIL for h in failed)
+        return EXIT_CONNECT if unreachable else EXIT_FAILED
+
     def to_json(self) -> dict:
-        return {"ok": self.ok, "exit_code": EXIT_OK if self.ok else EXIT_CONNECT, "seconds": round(self.seconds, 3),
+        return {"ok": self.ok, "exit_code": self.exit_code, "seconds": round(self.seconds, 3),
                 "master": {"addr": self.master_addr, "port": self.master_port}, "checks": list(CHECKS),
                 "notes": list(self.notes),
                 "hosts": [{"host": h.host, "node_rank": h.node_rank, "ok": h.ok,
@@ -310,10 +320,22 @@ def port_text(port: Mapping, wanted: Optional[int], host: str) -> CheckResult:
         label = f"auto: {port['port']} is free" if wanted is None else f"{port['port']} is free"
         return CheckResult("port", OK, f"{label} on {host}", "", str(port["port"]), data)
     holder = port.get("holder") or {}
+    taken = "EADDRINUSE" in port.get("error", "")
+    detail = (f"master port {wanted} is in use on {host}" + holder_text(holder)) if taken else \
+        f"cannot bind master port {wanted} on {host}: {port.get('error')}"
+    hint = "stop what holds it, or set master: {port: auto} (or another port)"
+    if holder.get("run_id"):
+        hint = (f"`clusterrun stop {holder['run_id']}` if that run should end; to run both, give this one "
+                "another port: master: {port: auto}")
+    return CheckResult("port", FAIL, detail, hint, "in use" if taken else "error", {**data, "holder": holder})
+
+
+def holder_text(holder: Mapping) -> str:
+    """" by clusterrun run R (rank 0; pid 123 python train.py, user cr)", or " (pid …, user …)", or ""."""
     who = ", ".join(x for x in (f"pid {holder['pid']} {holder.get('command', '')[:60]}".strip() if holder.get("pid")
                                 else "", f"user {holder['user']}" if holder.get("user") else "") if x)
-    taken = "EADDRINUSE" in port.get("error", "")
-    detail = (f"master port {wanted} is in use on {host}" + (f" ({who})" if who else "")) if taken else \
-        f"cannot bind master port {wanted} on {host}: {port.get('error')}"
-    return CheckResult("port", FAIL, detail, "stop what holds it, or set master: {port: auto} (or another port)",
-                       "in use" if taken else "error", {**data, "holder": holder})
+    if holder.get("run_id"):
+        rank = f"rank {holder['rank']}" if holder.get("rank") is not None else "a rank"
+        how = "starting: it listens there once its Python is up" if holder.get("starting") else who
+        return f" by clusterrun run {holder['run_id']} ({rank}" + (f"; {how})" if how else ")")
+    return f" ({who})" if who else ""

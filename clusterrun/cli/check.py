@@ -20,7 +20,11 @@ from .common import load
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="With --net: write a heatmap of the matrix (PNG; needs matplotlib).")
 def check(inventory: str, as_json: bool, net: bool, mb: Optional[float], plot_path: Optional[str]) -> int:
-    """Check every host of INVENTORY before a launch; exit 0 when all pass, 3 when any fails."""
+    """Check every host of INVENTORY before a launch.
+
+    Exit 0 when every host passes (warnings allowed), 1 when a check fails, 3 when the only failures are
+    hosts that could not be reached (--net: 3 when a link fails).
+    """
     from ..ui.console import console
 
     if not net and (mb is not None or plot_path):
@@ -35,7 +39,7 @@ def check(inventory: str, as_json: bool, net: bool, mb: Optional[float], plot_pa
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         render_checks(report, console(stderr=False))
-    return EXIT_OK if report.ok else EXIT_CONNECT
+    return report.exit_code
 
 
 def _net(inv, as_json: bool, mb: Optional[float], plot_path: Optional[str]) -> int:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import click
 
 from ..errors import SecretMissing
 
@@ -33,17 +36,43 @@ def load(path: str, script: Optional[str] = None, args: Optional[Sequence[str]] 
 MIN_SECRET = 4  # shorter values cannot be masked without garbling ordinary output ("1" everywhere)
 
 
-def secrets_of(inv: "Inventory") -> dict:
+def secret_problem(inv: "Inventory") -> Optional[str]:
+    """Why the launch would refuse the secrets in this shell (None: it would not)."""
     missing = [name for name in inv.secrets if name not in os.environ]
     if missing:
-        raise SecretMissing(f"{inv.path}: secrets {', '.join(missing)} are not set in this shell's environment "
-                            "(clusterrun takes secret values only from there)")
+        return (f"{inv.path}: secrets {', '.join(missing)} are not set in this shell's environment "
+                "(clusterrun takes secret values only from there)")
     short = [name for name in inv.secrets if len(os.environ[name]) < MIN_SECRET]
     if short:
-        raise SecretMissing(f"{inv.path}: secret {short[0]} is {len(os.environ[short[0]])} characters long: a value "
-                            f"under {MIN_SECRET} characters cannot be hidden in logs without garbling them (and is "
-                            "guessable anyway); use a longer value, or pass it in env: if it is not a secret")
+        return (f"{inv.path}: secret {short[0]} is {len(os.environ[short[0]])} characters long: a value "
+                f"under {MIN_SECRET} characters cannot be hidden in logs without garbling them (and is "
+                "guessable anyway); use a longer value, or pass it in env: if it is not a secret")
+    return None
+
+
+def secrets_of(inv: "Inventory") -> dict:
+    problem = secret_problem(inv)
+    if problem:
+        raise SecretMissing(problem)
     return {name: os.environ[name] for name in inv.secrets}
+
+
+class JobArgsCommand(click.Command):
+    """A command whose trailing arguments are the job's: an option it does not know says that job
+    arguments go after `--`, with the command line that does it (rather than click's "did you mean
+    --help?")."""
+
+    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        try:
+            return super().parse_args(ctx, list(args))
+        except click.NoSuchOption as exc:
+            at = next((i for i, a in enumerate(args) if a == exc.option_name or a.startswith(exc.option_name + "=")),
+                      len(args))
+            close = [p for p in exc.possibilities or () if p not in ("--help", "-h")]
+            fixed = shlex.join(["clusterrun", ctx.info_name or self.name or ""] + args[:at] + ["--"] + args[at:])
+            raise click.UsageError(f"no such option: {exc.option_name}" + (
+                f" (did you mean {close[0]}?); if it is the job's, it goes after `--`: {fixed}" if close else
+                f"; arguments for the job go after `--`: {fixed}"), ctx) from None
 
 
 def store():

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import click
 
-from .common import forward_signals, load, secrets_of, store
+from .common import JobArgsCommand, forward_signals, load, secret_problem, secrets_of, store
 
 if TYPE_CHECKING:
     from ..config.inventory import Inventory
 
 
-@click.command()
+@click.command(cls=JobArgsCommand)
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--script", help="Training script (overrides job.script), relative to this directory.")
 @click.option("--module", help="Run `python -m MODULE` in the pushed root instead (overrides job.script/module).")
@@ -31,22 +31,40 @@ def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run
     from ..plan import new_run_id
 
     inv = load(inventory, script, job_args, module=module)
-    from ..config.inventory import check_job_files
+    from ..config.inventory import check_job_files, with_rank_flags_decided
 
     check_job_files(inv)
+    inv = with_rank_flags_decided(inv)
     run_id = new_run_id()
     if dry_run:  # shows secret names only, so it needs no values
         return _dry_run(inv, run_id, as_json)
     return _launch(inv, run_id, secrets_of(inv), detach)
 
 
+def rank_flags_note(inv: "Inventory") -> str:
+    """What a launch says when it left --rank/--world-size out because of what the script is ("" otherwise)."""
+    if inv.job.rank_flags_from != "script":
+        return ""
+    entry = inv.job.script or inv.job.module
+    return (f"{entry} parses its own options and declares no --rank/--world-size: they are not passed (its ranks "
+            "read RANK, WORLD_SIZE, LOCAL_RANK from the environment); job.rank_flags: true passes them")
+
+
 def _dry_run(inv: "Inventory", run_id: str, as_json: bool) -> int:
+    from rich.text import Text
+
     from ..plan import MASK, build_plan, plan_to_dict
     from ..ui.console import console
     from ..ui.tables import show_plan
 
     plan = build_plan(inv, run_id)
     routes = _routes(inv)
+    err = console(stderr=True)
+    if rank_flags_note(inv):
+        err.print(Text(rank_flags_note(inv), style="dim"))
+    if secret_problem(inv):  # the launch would refuse: say so now rather than after the user trusts the plan
+        err.print(Text(f"warning: {secret_problem(inv)}; `launch` without --dry-run would refuse (exit 2)",
+                       style="yellow"))
     if as_json:
         data = plan_to_dict(plan)
         data["secrets"] = {name: MASK for name in plan.secret_names}
@@ -82,7 +100,7 @@ def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool) -> int:
     from ..clean.retention import AfterLaunch
 
     registry = store()
-    view = RunView(secrets=secrets.values())
+    view = RunView(secrets=secrets.values(), inventory=inv.path, hosts=len(inv.hosts))
     retention = AfterLaunch(inv)
 
     def emit(ev: object) -> None:
@@ -93,6 +111,8 @@ def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool) -> int:
                     emit=emit, detach=detach, hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
     view.err.print(Text(f"run {run_id}: {sum(h.slots for h in inv.hosts)} ranks on {len(inv.hosts)} hosts",
                         style="bold"))
+    if rank_flags_note(inv):
+        view.err.print(Text(rank_flags_note(inv), style="dim"))
     try:
         with forward_signals(runner.interrupt):
             outcome = runner.run()

@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence
 
 import click
 
-from ..errors import EXIT_CONNECT, EXIT_INTERRUPTED, EXIT_OK
+from ..errors import EXIT_CONNECT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from .common import connect_for, forward_signals, store
 
 
@@ -58,14 +58,18 @@ def ps(as_json: bool, last: int, no_reconcile: bool, disk: bool) -> int:
 
 @click.command()
 @click.argument("run", required=False, shell_complete=_complete_runs)
-@click.option("-f", "--follow", is_flag=True, help="Keep following until every rank has ended.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep following until every rank has ended; then the run's summary, and its exit code.")
 @click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")
-@click.option("--tail", type=int, default=None, help="Only the last N lines of each rank first.")
+@click.option("--tail", type=click.IntRange(min=0), default=None, help="Only the last N lines of each rank first.")
 @click.option("--attempt", "attempt_no", type=int, default=None,
               help="A run that restarted (job.restarts): the logs of attempt N (1 = the first; default: the last).")
 def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[int],
          attempt_no: Optional[int]) -> int:
-    """Show (or follow) the logs of RUN (an id, a unique prefix, or `latest`), fetched from its hosts."""
+    """Show (or follow) the logs of RUN (an id, a unique prefix, or `latest`), fetched from its hosts.
+
+    With -f, the exit code is the run's (0 succeeded, 1 failed, 4 time limit, 130 interrupted).
+    """
     from rich.text import Text
 
     from ..registry.runs import fetch_logs, replay_copies, select_logs
@@ -76,7 +80,8 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
     record = registry.get(run_id)
     # mask the run's secrets where this shell has their values
     names = record.plan.get("secret_names", [])
-    printer = LogPrinter(secrets=[os.environ[n] for n in names if n in os.environ])
+    secrets = [os.environ[n] for n in names if n in os.environ]
+    printer = LogPrinter(secrets=secrets)
     sel = select_logs(record, attempt_no, ranks)
     follow = follow and sel.followable  # an attempt before the last one has ended
     err = console(stderr=True)
@@ -95,32 +100,108 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
                    on_lines=lambda ev: ev.rank in wanted and printer.write(ev.host, ev.rank, ev.data),
                    on_problem=lambda text: err.print(Text(text, style="yellow")),
                    before_follow=show_copies, attempt=sel.attempt)
+        if follow and not stop_flag:
+            record = _follow_later_attempts(registry, record, sel.attempt, printer, wanted, stop_flag, err)
     if not follow:
         show_copies()
-    return EXIT_INTERRUPTED if stop_flag else EXIT_OK
+        return EXIT_INTERRUPTED if stop_flag else EXIT_OK
+    if stop_flag:
+        err.print(Text(f"stopped following; run {run_id} goes on (`clusterrun stop {run_id}` ends it)", style="dim"))
+        return EXIT_INTERRUPTED
+    return _closing_summary(record, secrets)
+
+
+def _follow_later_attempts(registry, record, attempt: int, printer, wanted, stop_flag: List[bool], err):
+    """After the followed attempt ended: the run's record once it has its end; while its controller makes
+    new attempts (job.restarts), those are followed too."""
+    from rich.text import Text
+
+    from ..registry.runs import await_end, fetch_logs
+
+    while True:
+        record = await_end(registry, record.id, connect_for(record), attempt, stop_flag)
+        if record.terminal or stop_flag or record.attempt == attempt:
+            return record
+        attempt = record.attempt
+        err.print(Text(f"attempt {attempt + 1} of {record.restarts + 1}", style="bold"))
+        fetch_logs(registry, record.id, connect_for(record), follow=True, stop_flag=stop_flag,
+                   on_lines=lambda ev: ev.rank in wanted and printer.write(ev.host, ev.rank, ev.data),
+                   on_problem=lambda text: err.print(Text(text, style="yellow")), attempt=attempt)
+
+
+def _closing_summary(record, secrets) -> int:
+    """What an attached launch prints at the end (root cause, ranks, why, exit code); the run's exit code."""
+    from rich.text import Text
+
+    from ..registry.runs import recorded_outcome
+    from ..states import RunState
+    from ..ui.run_view import RunView
+
+    view = RunView(quiet=True, secrets=secrets, inventory=record.inventory)
+    if not record.terminal:  # the hosts could not all be asked, or a host was lost before its ranks' ends
+        view.err.print(Text(f"run {record.id}: {record.state.value}; `clusterrun ps` asks its hosts again",
+                            style="bold yellow"))
+        return EXIT_CONNECT if record.state in (RunState.UNREACHABLE, RunState.UNKNOWN) else EXIT_FAILED
+    out = recorded_outcome(record)
+    view.outcome(out)
+    return out.exit_code
 
 
 @click.command()
 @click.argument("run", required=False, shell_complete=_complete_runs)
 @click.option("--grace", type=float, default=None, help="Seconds between TERM and KILL (default: the inventory's).")
 def stop(run: Optional[str], grace: Optional[float]) -> int:
-    """Stop every rank of RUN by its recorded process group (TERM, grace, KILL). Safe to repeat."""
+    """Stop every rank of RUN by its recorded process group (TERM, grace, KILL). Safe to repeat.
+
+    Without RUN: the newest run that is still running (or whose stop is pending on a host).
+    """
     from rich.text import Text
 
-    from ..registry.runs import stop_run
+    from ..registry.runs import newest_open, reconcile, stop_run, still_open
     from ..ui.console import console
 
     registry = store()
-    run_id = registry.resolve(run)
-    record = registry.get(run_id)
-    grace = grace if grace is not None else float((record.snapshot.get("timeouts") or {}).get("grace", 10))
-    record, failures = stop_run(registry, run_id, connect_for(record), grace)
     err = console(stderr=True)
+    if run is None:
+        record = newest_open(registry, connect_for)
+        if record is None:
+            err.print(Text(_nothing_running(registry), style="bold"))
+            return EXIT_OK
+    else:
+        record = registry.get(registry.resolve(run))
+        record, _ = reconcile(registry, record.id, connect_for(record))  # has it ended since it was recorded?
+    if not still_open(record):
+        err.print(Text(f"run {record.id} already ended ({_ended_text(record)}), nothing to stop", style="bold"))
+        if run is not None:
+            live = newest_open(registry, connect_for)
+            if live is not None:
+                err.print(Text(f"run {live.id} is {live.state.value}: `clusterrun stop {live.id}` (or `clusterrun "
+                               "stop`: the newest running run)", style="yellow"))
+        return EXIT_OK
+    grace = grace if grace is not None else float((record.snapshot.get("timeouts") or {}).get("grace", 10))
+    record, failures = stop_run(registry, record.id, connect_for(record), grace)
     for name, exc in failures.items():
         err.print(Text(f"{name}: not stopped: {exc}", style="bold red"))
-    err.print(Text(f"run {run_id}: {record.state.value}" + (f" ({record.reason})" if record.reason else ""),
+    err.print(Text(f"run {record.id}: {record.state.value}" + (f" ({record.reason})" if record.reason else ""),
                    style="bold"))
     if failures:
         err.print(Text("run `clusterrun stop` again once those hosts are reachable", style="yellow"))
         return EXIT_CONNECT
     return EXIT_OK
+
+
+def _ended_text(record) -> str:
+    """`succeeded at 12-01 20:10:43` (with the reason when there is one, on one line)."""
+    import time
+
+    from ..ui.tables import one_line
+
+    when = f" at {time.strftime('%m-%d %H:%M:%S', time.localtime(record.ended_at))}" if record.ended_at else ""
+    return f"{record.state.value}{when}" + (f": {one_line(record.reason, 120)}" if record.reason else "")
+
+
+def _nothing_running(registry) -> str:
+    ids = registry.ids(limit=1)
+    if not ids:
+        return "no runs yet; nothing to stop"
+    return f"no run is running (the newest, {ids[0]}, ended: {_ended_text(registry.get(ids[0]))}); nothing to stop"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import shlex
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import click
 
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from .common import forward_signals, load, secrets_of, store
+from .common import JobArgsCommand, forward_signals, load, secret_problem, secrets_of, store
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -27,7 +28,7 @@ def _int_list(text: str, option: str) -> List[int]:
     return values
 
 
-@click.command()
+@click.command(cls=JobArgsCommand)
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--nodes", default="1", show_default=True, help="Node counts (the first n hosts), e.g. 1,2,4.")
 @click.option("--batch-size", "batch_sizes", default="64", show_default=True, help="Per-rank batch sizes, e.g. 32,64.")
@@ -40,10 +41,11 @@ def _int_list(text: str, option: str) -> List[int]:
 @click.option("--fail-fast", is_flag=True, help="Stop at the first failed point.")
 @click.option("--logs", "show_logs", is_flag=True, help="Show the ranks' output too.")
 @click.option("--note", default=None, help="A line under the plots' titles (say what machines these were).")
+@click.option("--dry-run", is_flag=True, help="List the points and what each would run; touch nothing.")
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
 def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[str], data_sizes: Optional[str],
           repeat: int, out_dir: Optional[str], metrics_path: str, fail_fast: bool, show_logs: bool,
-          note: Optional[str], job_args: Sequence[str]) -> int:
+          note: Optional[str], dry_run: bool, job_args: Sequence[str]) -> int:
     """Run a grid of ordinary runs (nodes x batch size x init method x data size) and plot the results.
 
     Re-running the same command resumes: points already done are skipped.
@@ -58,9 +60,10 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
     from ..ui.tables import show_sweep
 
     inv = load(inventory)
-    from ..config.inventory import check_job_files
+    from ..config.inventory import check_job_files, with_rank_flags_decided
 
     check_job_files(inv)
+    inv = with_rank_flags_decided(inv)
     node_counts = _int_list(nodes, "--nodes")
     methods = (init_methods or inv.job.init_method).split(",")
     sizes = _int_list(data_sizes, "--data-size") if data_sizes else [None]
@@ -70,6 +73,8 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
     ident = sw.sweep_id(inv, points, args)
     folder = out_dir or os.path.join("sweeps", ident)
     state = sw.SweepState(folder, ident, points)
+    if dry_run:
+        return _dry_run(inv, points, args, state, console(stderr=False))
     registry = store()
     secrets = secrets_of(inv)
     printer = LogPrinter(secrets=secrets.values())
@@ -98,6 +103,27 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
         return EXIT_INTERRUPTED
     return EXIT_FAILED if failed or not finished else EXIT_OK
 
+
+
+def _dry_run(inv, points, args: Sequence[str], state, out: "Console") -> int:
+    """Each point as it would run (hosts, ranks, init method, the job's arguments), those done marked."""
+    from rich.text import Text
+
+    from ..sweep.grid import point_inventory
+
+    for i, point in enumerate(points, 1):
+        pinv = point_inventory(inv, point, args)
+        done = " (done before: skipped)" if state.done(point) else ""
+        hosts = f"{len(pinv.hosts)} host{'s' if len(pinv.hosts) != 1 else ''}"
+        out.print(Text(f"[{i}/{len(points)}] {point.key}{done}: {hosts} "
+                       f"({', '.join(h.name for h in pinv.hosts)}), {sum(h.slots for h in pinv.hosts)} rank(s), "
+                       f"init {point.init_method}, job args: {shlex.join(pinv.job.args)}"))
+    problem = secret_problem(inv)
+    if problem:
+        out.print(Text(f"warning: {problem}; the sweep without --dry-run would refuse (exit 2)", style="yellow"))
+    out.print(Text(f"dry run: nothing was connected to, pushed or started; results would go to {state.folder}",
+                   style="dim"))
+    return EXIT_OK
 
 
 _STATUS_STYLES = {"succeeded": "green", "failed": "bold red", "interrupted": "yellow", "skipped": "dim"}

@@ -21,6 +21,7 @@ from . import placeholders
 from .hostfile import HOSTNAME_RE, looks_like_hostfile, parse_hostfile
 from .sizes import parse_size
 from .job import DEFAULT_EXCLUDES, JOB_KEYS, MODULE_RE, Job, check_files, entry_paths, read_job
+from .job import with_rank_flags_decided as job_rank_flags
 
 __all__ = ["DEFAULT_EXCLUDES", "JOB_KEYS", "Host", "Inventory", "Job", "Timeouts", "check_job_files", "entry_paths",
            "inventory_from_snapshot", "load_inventory", "parse_inventory", "with_overrides"]
@@ -34,6 +35,12 @@ TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace", "setup", "notify")
 TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts", "retention", "push", "network",
             "notify")
 RETENTION_KEYS = ("keep_runs", "max_age", "cache_max")
+# where each key belongs, for one given in the wrong place (the first home wins: `port` is a host's)
+KEY_HOMES: Dict[str, str] = {}
+for _home, _keys in (("defaults", HOST_KEYS), ("job", JOB_KEYS), ("timeouts", TIMEOUT_KEYS),
+                     ("retention", RETENTION_KEYS), ("", TOP_KEYS)):
+    for _key in _keys:
+        KEY_HOMES.setdefault(_key, f"{_home}.{_key}" if _home else _key)
 
 # What may reach an SSH command line or a file name is held to plain characters; everything else (env
 # values, script args) is passed byte-exact through JSON and never seen by a shell.
@@ -162,6 +169,7 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
         return _hostfile_inventory(text, file, base_dir, local_python)
 
     r = NodeReader(file)
+    r.homes = KEY_HOMES
     top = r.mapping(compose(text, file), "", TOP_KEYS, required=("version", "hosts"))
     _check_version(r, top)
     job = read_job(r, top["job"][1] if "job" in top else None, base_dir)
@@ -192,7 +200,7 @@ def _hostfile_inventory(text: str, file: str, base_dir: str, local_python: str) 
     defaults = {"connection": "ssh"}
     hosts = [_make_host(s, defaults, local_python, src) for s, src in parse_hostfile(text, file)]
     job = Job(root=base_dir, script=None, args=(), sync=(), exclude=DEFAULT_EXCLUDES, init_method="env",
-              backend="gloo", timeout_s=1800.0, time_limit_s=None, shared_dir=None)
+              backend="gloo", timeout_s=1800.0, time_limit_s=None, shared_dir=None, rank_flags_from="default")
     return _checked(Inventory(path=file, hosts=tuple(hosts), master_port=29500, job=job, secrets=()), file)
 
 
@@ -392,6 +400,11 @@ def with_overrides(inv: Inventory, *, script: Optional[str] = None, args: Option
 def check_job_files(inv: Inventory) -> None:
     """The job's entry point and sync paths exist under its root, and no symlink leads out of it."""
     check_files(inv.job, inv.path)
+
+
+def with_rank_flags_decided(inv: Inventory) -> Inventory:
+    """job.rank_flags, where the inventory leaves it open, decided from the script (config/job.py)."""
+    return replace(inv, job=job_rank_flags(inv.job))
 
 
 def inventory_snapshot(inv: Inventory) -> dict:

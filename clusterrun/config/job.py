@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import yaml
@@ -38,6 +38,7 @@ class Job:
     shared_dir: Optional[str]
     module: Optional[str] = None  # `python -m MODULE` (run in the pushed root) instead of a script
     rank_flags: bool = True  # `--rank i --world-size n` before the args (the tutorials' way)
+    rank_flags_from: str = "inventory"  # "default": not given, may be decided from the script; "script": it was
     launcher: str = "python"  # python: one process per rank | torchrun: torch.distributed.run per host
     setup: Tuple[str, ...] = ()  # shell commands run on each host in the job folder before any rank starts
     restarts: int = 0  # attempts after the first, on the hosts still there (torchrun: its --max-restarts)
@@ -109,6 +110,7 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
                exclude=DEFAULT_EXCLUDES + exclude, init_method=init_method or "env", backend=backend or "gloo",
                timeout_s=timeout or 1800.0, time_limit_s=time_limit, shared_dir=shared_dir, module=module,
                rank_flags=launcher == "python" if rank_flags is None else rank_flags, launcher=launcher,
+               rank_flags_from="default" if rank_flags is None and launcher == "python" else "inventory",
                setup=setup, restarts=restarts or 0, min_nodes=min_nodes, restart_delay_s=5.0 if delay is None else delay,
                checkpoint_dir=checkpoint_dir, outputs=outputs, ports=ports)
 
@@ -225,6 +227,42 @@ def read_absolute(r: NodeReader, node: Optional[yaml.Node], key: str, why: str) 
     return value
 
 
+# A script that parses its options strictly errors out on --rank it does not declare: argparse's
+# parse_args (parse_known_args lets unknown ones through), click.
+_STRICT = re.compile(r"\.parse_args\s*\(|@click\.(?:command|option|argument)\b|\bclick\.command\s*\(")
+_DECLARED = re.compile(r"""(['"])--(?:rank|world-size|world_size)\1""")
+SOURCE_LIMIT = 1 << 20
+
+
+def with_rank_flags_decided(job: Job) -> Job:
+    """job.rank_flags where the inventory leaves it open: `--rank i --world-size n` are passed (the
+    tutorials' way) unless the script parses its options strictly and declares neither, as a script
+    written for torchrun does (it reads RANK and WORLD_SIZE from its environment): passing them would
+    only fail it with "unrecognized arguments"."""
+    if job.rank_flags_from != "default" or not job.rank_flags:
+        return job
+    source = _entry_source(job)
+    if source is None or _DECLARED.search(source) or not _STRICT.search(source):
+        return job
+    return replace(job, rank_flags=False, rank_flags_from="script")
+
+
+def _entry_source(job: Job) -> Optional[str]:
+    """The text of the script (or the module's file) the ranks run; None when it cannot be read."""
+    if job.module:
+        base = os.path.join(job.root, *job.module.split("."))
+        paths = [base + ".py", os.path.join(base, "__main__.py")]
+    else:
+        paths = [os.path.join(job.root, job.script)] if job.script else []
+    for path in paths:
+        try:
+            with open(path, "rb") as fh:
+                return fh.read(SOURCE_LIMIT).decode("utf-8", "replace")
+        except OSError:
+            continue
+    return None
+
+
 def entry_paths(job: Job) -> List[str]:
     """What the job's entry point needs pushed, relative to the root: the script, or the module's top-level
     package folder (or single file)."""
@@ -243,6 +281,18 @@ def _module_problem(job: Job) -> Optional[str]:
             f"{job.root} (python -m runs in the pushed copy of the root)")
 
 
+def _missing(key: str, rel: str, root: str, where: str) -> str:
+    """A job path that does not exist, said with the root it was looked for under, and where it is if it
+    is beside the inventory or here (an inventory copied from elsewhere keeps its absolute job.root)."""
+    text = f"{key}: {os.path.join(root, rel)} does not exist (job paths are relative to job.root, {root})"
+    inventory_dir = os.path.dirname(os.path.abspath(where))
+    for base, fix in ((inventory_dir, "leave job.root out (it defaults to the inventory's folder) or set "
+                                      "job.root: ."), (os.getcwd(), f"set job.root: {os.getcwd()}")):
+        if os.path.realpath(base) != os.path.realpath(root) and os.path.lexists(os.path.join(base, rel)):
+            return text + f"; it is in {base}: {fix}"
+    return text
+
+
 def check_files(job: Job, where: str) -> None:
     """The entry point and every sync path exist under the root, and no symlink leads out of it (where: the
     inventory's path, for the message)."""
@@ -257,7 +307,7 @@ def check_files(job: Job, where: str) -> None:
         full = os.path.join(job.root, rel)
         if not os.path.lexists(full):
             if key != "job.module":  # the module's own problem says it better
-                problems.append(f"{key}: {full} does not exist")
+                problems.append(_missing(key, rel, job.root, where))
             continue
         real = os.path.realpath(full)
         if real != root and not real.startswith(root + os.sep):

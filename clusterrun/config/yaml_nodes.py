@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
@@ -51,8 +51,21 @@ def parse_duration(text: str) -> Optional[float]:
     return d * 86400 + h * 3600 + mi * 60 + s
 
 
-def _key_problem(knode: yaml.Node, key: str, allowed: Sequence[str],
-                 seen: Dict[str, Tuple[yaml.Node, yaml.Node]]) -> Optional[Tuple[str, str]]:
+def _unknown_key(name: str, path: str, allowed: Sequence[str], homes: Mapping[str, str]) -> str:
+    """Why a key cannot stand here: a did-you-mean among the keys allowed here, or the place it belongs
+    (a job key given at the top level: job.shared_dir)."""
+    home = homes.get(name) or next((homes[c] for c in difflib.get_close_matches(name, list(homes), n=1)
+                                    if not difflib.get_close_matches(name, allowed, n=1)), None)
+    if home and home != path:
+        where = f"it goes under {home.rsplit('.', 1)[0]}:" if "." in home else \
+            f"a top-level key, not one under {path.rsplit('.', 1)[0]}:"
+        return f"unknown key '{name}' here; did you mean {home}? ({where})"
+    close = difflib.get_close_matches(name, allowed, n=1)
+    return f"unknown key '{name}'" + (f"; did you mean '{close[0]}'?" if close else f"; allowed: {', '.join(allowed)}")
+
+
+def _key_problem(knode: yaml.Node, key: str, allowed: Sequence[str], seen: Dict[str, Tuple[yaml.Node, yaml.Node]],
+                 homes: Mapping[str, str] = {}) -> Optional[Tuple[str, str]]:
     """(key path, message) for a mapping key that cannot stand; None for one to keep."""
     if not isinstance(knode, yaml.ScalarNode) or knode.tag != STR:
         where = f"{key}.{knode.value}" if key else str(knode.value)
@@ -65,9 +78,7 @@ def _key_problem(knode: yaml.Node, key: str, allowed: Sequence[str],
         first = seen[name][0].start_mark.line + 1
         return path, f"duplicate key (first given on line {first})"
     if name not in allowed:
-        close = difflib.get_close_matches(name, allowed, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else f"; allowed: {', '.join(allowed)}"
-        return path, f"unknown key '{name}'{hint}"
+        return path, _unknown_key(name, path, allowed, homes)
     return None
 
 
@@ -78,6 +89,7 @@ class NodeReader:
         self.file = file
         self.problems: List[Problem] = []
         self.context = ""  # what a caller learnt earlier and a later check needs (the job's launcher)
+        self.homes: Dict[str, str] = {}  # key name -> the path where it belongs, for a key given in the wrong place
 
     def error(self, node: Optional[yaml.Node], key: str, message: str) -> None:
         line, col = (node.start_mark.line + 1, node.start_mark.column + 1) if node is not None else (1, 1)
@@ -91,7 +103,7 @@ class NodeReader:
             return {}
         out: Dict[str, Tuple[yaml.Node, yaml.Node]] = {}
         for knode, vnode in node.value:
-            problem = _key_problem(knode, key, allowed, out)
+            problem = _key_problem(knode, key, allowed, out, self.homes)
             if problem is not None:
                 self.error(knode, *problem)
                 continue
@@ -211,6 +223,38 @@ class NodeReader:
         return out
 
 
+# PyYAML's words for the mistakes people make → what to fix ({context}: the line where the block began)
+_SYNTAX = (
+    ("expected <block end>", "the indentation is off: this line does not line up with the keys (or the `- ` "
+                             "items) of the block that began on line {context}; keys of one mapping, and items "
+                             "of one list, start in the same column"),
+    ("mapping values are not allowed here", "a `key: value` where none can start: the line is indented more "
+                                            "than the key before it, or a value holds ': ' (quote it: 'a: b')"),
+    ("could not find expected ':'", "a line that is not `key: value`: a ':' is missing after a key (at or after "
+                                    "line {context}), or a line is indented as if it went on the one before"),
+    ("expected ',' or ']'", "a [ ... ] list that began on line {context} is not closed (or lacks a comma)"),
+    ("expected ',' or '}'", "a { ... } mapping that began on line {context} is not closed (or lacks a comma)"),
+    ("found unexpected end of stream", "a quote opened on line {context} is never closed"),
+    ("cannot start any token", "a character that cannot begin a YAML value"),
+)
+
+
+def syntax_message(exc: yaml.MarkedYAMLError, lines: Sequence[str]) -> str:
+    """A YAML syntax error in plain words, with the line it was found on; PyYAML's own text where it says
+    something rarer."""
+    mark = exc.problem_mark or exc.context_mark
+    context = exc.context_mark.line + 1 if exc.context_mark else (mark.line + 1 if mark else 1)
+    problem = exc.problem or str(exc)
+    detail = next((text.format(context=context) for words, text in _SYNTAX if words in problem), problem)
+    line = mark.line + 1 if mark else 0
+    if 0 < line <= len(lines):
+        if "\t" in lines[line - 1]:
+            detail += " (tabs are not allowed for indentation in YAML; use spaces)"
+        if lines[line - 1].strip():
+            detail += f": {lines[line - 1].rstrip()!r}"
+    return detail
+
+
 def compose(text: str, file: str) -> yaml.Node:
     """Compose a YAML document into nodes, turning YAML syntax errors into one located Problem."""
     try:
@@ -218,10 +262,7 @@ def compose(text: str, file: str) -> yaml.Node:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        detail = exc.problem or str(exc)
-        lines = text.splitlines()
-        if 0 < line <= len(lines) and "\t" in lines[line - 1]:
-            detail += " (tabs are not allowed for indentation in YAML; use spaces)"
+        detail = syntax_message(exc, text.splitlines())
         raise InventoryError([Problem(file, line, col, "", f"YAML syntax error: {detail}")]) from None
     except yaml.YAMLError as exc:
         raise InventoryError([Problem(file, 1, 1, "", f"YAML error: {exc}")]) from None

@@ -4,7 +4,8 @@ It keeps the byte offset of every rank, so after a reconnect the host resends fr
 lost or shown twice; it keeps the controller's copy of each log; and it declares the host lost when
 nothing at all (not even a heartbeat) came for `host_lost` seconds. A stream that carries garbage ends
 like a lost connection; three garbled streams in a row make the host lost: the follower never hangs
-and never dies without saying how it ended (FollowDone or HostLost).
+and never dies without saying how it ended (FollowDone, HostLost, or RunGone: the host answered that it
+has no such run, which no retry changes).
 """
 
 from __future__ import annotations
@@ -42,8 +43,21 @@ class HostLost:
 
 
 @dataclass(frozen=True)
+class RunGone(HostLost):
+    """The host answered that it has no such run (its folder is gone, or the run never started there)."""
+
+
+@dataclass(frozen=True)
 class FollowDone:
     node_rank: int
+
+
+class _Refused(Exception):
+    """The host's follow answered a failure (an F frame) instead of frames."""
+
+    def __init__(self, answer: dict):
+        super().__init__(str(answer.get("error") or "refused"))
+        self.missing = answer.get("kind") == "missing"
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,8 @@ class Follower(threading.Thread):
                 if self._pump(stream):
                     return FollowDone(self.node_rank)
                 self._malformed = 0
+            except _Refused as exc:  # a permanent answer: asking again changes nothing
+                return (RunGone if exc.missing else HostLost)(self.node_rank, self.host, str(exc))
             except Malformed as exc:
                 self._malformed += 1
                 if self._malformed >= MAX_MALFORMED:
@@ -167,6 +183,8 @@ class Follower(threading.Thread):
             for key in list(self._split):
                 self._flush(key)
             return True
+        elif frame.kind == "F":
+            raise _Refused(frame.json())
         return False
 
     def _check(self, frame: Frame) -> None:

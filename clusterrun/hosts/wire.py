@@ -17,7 +17,7 @@ FRAME = struct.Struct(">cIQI")  # kind, rank, offset, payload length (as remote/
 # The longest payload each kind may have: log frames are at most the host's read size (1 MiB), records a
 # few hundred bytes. A header that says more is garbage (a login shell printing text, a broken host), not
 # a reason to wait for gigabytes.
-MAX_PAYLOAD = {b"L": 4 << 20, b"A": 4 << 20, b"X": 1 << 20, b"H": 1 << 16, b"E": 1 << 16}
+MAX_PAYLOAD = {b"L": 4 << 20, b"A": 4 << 20, b"X": 1 << 20, b"H": 1 << 16, b"E": 1 << 16, b"F": 1 << 16}
 MSG_LEN = struct.Struct(">I")  # a framed message: its length, then JSON
 
 
@@ -37,7 +37,7 @@ def pack_msg(obj: dict) -> bytes:
 
 @dataclass(frozen=True)
 class Frame:
-    kind: str  # "L" log bytes, "A" auxiliary log bytes, "X" exit record, "H" heartbeat, "E" end
+    kind: str  # "L" log bytes, "A" auxiliary log bytes, "X" exit record, "H" heartbeat, "E" end, "F" failure
     rank: int
     offset: int
     payload: bytes

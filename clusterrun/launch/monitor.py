@@ -12,10 +12,10 @@ from ..config.inventory import Timeouts
 from ..errors import HostError
 from ..events import HostRestarts, Notice, Phase, RankEnded, RankSeen, Stuck
 from ..hosts.client import HostClient
-from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RankExit
+from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RankExit, RunGone
 from ..hosts.group import fan_out_background
 from ..hosts.logs import tail_lines
-from ..outcome import EndedBy, RankResult, RunOutcome, decide
+from ..outcome import EndedBy, RankResult, RunOutcome, decide, root_cause
 from ..plan import LaunchPlan, known_addresses
 from ..registry.store import RunStore
 from ..states import Cleanup, HostState, RankState
@@ -134,7 +134,7 @@ class Monitor:
 
     def _handle(self, ev: object) -> None:
         handler = {RankSeen: self._on_seen, Stuck: self._on_stuck, HostRestarts: self._on_restarts,
-                   RankExit: self._on_exit, HostLost: self._on_lost, FollowDone: self._on_done,
+                   RankExit: self._on_exit, HostLost: self._on_lost, RunGone: self._on_lost, FollowDone: self._on_done,
                    _StopDone: self._on_stop_done}.get(type(ev))
         if handler is None:
             self._emit(ev)  # log lines, notices: for the terminal
@@ -198,7 +198,8 @@ class Monitor:
                                                              clock_offset=ev.clock_offset,
                                                              log_path=self._log_path(ev.rank))
         self.store.record_rank(self.plan.run_id, result)
-        self._emit(RankEnded(host, ev.rank, result.describe(), result.state.failed))
+        cause = root_cause(list(self._ended.values()))
+        self._emit(RankEnded(host, ev.rank, result.describe(cause), result.state.failed))
         if result.state.failed and self._stop_reason is None:
             self._begin_stop(EndedBy.FAILURE, self._timeouts.grace)
 

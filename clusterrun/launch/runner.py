@@ -266,9 +266,9 @@ class Runner:
         with self._lock:
             facts = {n: held.facts for n, held in self._held.items()}
         problems = self._checks(self.inv, facts)
-        for p in problems:
-            self._emit(Notice(f"{p.host}: {p.check}: {p.detail}" + (f" ({p.hint})" if p.hint else ""),
-                              "error" if p.status == "fail" else "warning"))
+        for p in problems:  # the failures are said once, by the error they raise
+            if p.status != "fail":
+                self._emit(Notice(f"{p.host}: {p.check}: {p.detail}" + (f" ({p.hint})" if p.hint else ""), "warning"))
         failed = preflight_error(problems)
         if failed is not None:
             raise failed
@@ -437,9 +437,8 @@ class Runner:
         result = held.result
         self.store.update_host(self.run_id, node.index, state=HostState.PUSHED, pushed_bytes=result.sent_bytes,
                                push_seconds=round(result.seconds, 4), relayed_bytes=result.relayed)
-        via = f", {result.relayed} from the host before it" if result.relayed else ""
-        self._post(HostDone("push", node.host.name, time.monotonic() - t,
-                             f"{result.sent_bytes} of {total} bytes sent{via}, {result.files} files"))
+        self._post(HostDone("push", node.host.name, time.monotonic() - t, sent=result.sent_bytes, total=total,
+                             relayed=result.relayed, files=result.files))
         for note in result.relay_notes:
             self._post(Notice(f"{node.host.name}: relay push: {note}; the rest came directly", "warning"))
         if result.repaired:

@@ -241,8 +241,8 @@ class _Fetch:
         finally:
             if self.current is not None:  # the stream broke in the middle: what came stays in the .part file
                 self.current.close()
-        self.post(HostDone("pull", self.host, time.monotonic() - t0,
-                           f"{self.fetched} of {len(listing.files)} files fetched, {received} bytes"))
+        self.post(HostDone("pull", self.host, time.monotonic() - t0, sent=received, total=self.total,
+                           files=self.fetched))
         return HostPull(self.host, self.target.folder, len(listing.files), self.fetched, received, self.resumed,
                         listing.unmatched, listing.skipped, time.monotonic() - t0)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .. import outcome
@@ -14,7 +14,7 @@ from ..config.inventory import Host, Inventory, inventory_from_snapshot
 from ..errors import HostError, UsageError
 from ..events import LogLines, RankSeen, Stuck
 from ..hosts.client import HostClient
-from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles
+from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RunGone
 from ..hosts.group import fan_out, on_hosts
 from ..hosts.logs import LineSplitter, tail_lines
 from ..outcome import RankResult, RunOutcome
@@ -115,9 +115,28 @@ def _mark_waiting_hosts(store: RunStore, run_id: str) -> None:
             store.update_host(run_id, h.node_rank, cleanup=Cleanup.PENDING)
 
 
+def still_open(record: RunRecord) -> bool:
+    """Something of the run may still run: it has not ended, or a host of it still owes a stop."""
+    return not record.terminal or bool(record.cleanup_pending)
+
+
+def newest_open(store: RunStore, connect_of: Callable[[RunRecord], Connect]) -> Optional[RunRecord]:
+    """The newest run that may still run (what `stop` without a RUN stops), each candidate brought up to
+    date first (ps's reconcile): a record left "running" by a controller that died may have ended since."""
+    for run_id in store.open_ids():
+        record = store.get(run_id)
+        record, _ = reconcile(store, run_id, connect_of(record))
+        if still_open(record):
+            return record
+    return None
+
+
 def stop_run(store: RunStore, run_id: str, connect: Connect, grace: float) -> Tuple[RunRecord, Dict[str, HostError]]:
-    """Stop every rank by its recorded process group; idempotent; unreachable hosts stay pending."""
+    """Stop every rank by its recorded process group; idempotent; unreachable hosts stay pending. A run
+    that has ended keeps its record as it is: only hosts that still owe a stop are asked (and marked)."""
     record = store.get(run_id)
+    if not still_open(record):
+        return record, {}
     inv, nodes = nodes_of(record)
     targets = _stop_targets(record, inv, nodes)
     current = {n.index for n in nodes}
@@ -129,7 +148,7 @@ def stop_run(store: RunStore, run_id: str, connect: Connect, grace: float) -> Tu
             store.update_host(run_id, node.index, cleanup=Cleanup.PENDING, error=str(stopped.errors[name]))
         elif name in stopped.results:
             _record_stopped(store, run_id, node, stopped.results[name], current=node.index in current)
-    if stopped.ok:
+    if stopped.ok and not record.terminal:
         store.update_run(run_id, reason=record.reason or "stopped by `clusterrun stop`")
     if stopped.ok:  # every host answered: the run has ended
         return conclude(store, run_id, verdict=outcome.after_stop), stopped.failed
@@ -157,6 +176,36 @@ def _record_stopped(store: RunStore, run_id: str, node: Node, answer: dict, *, c
 
 
 # -------------------------------------------------------------- logs
+
+TAIL_LINES = 12  # of a failed rank, under the root cause (as an attached launch shows)
+
+
+def await_end(store: RunStore, run_id: str, connect: Connect, attempt: int,
+              stop_flag: Sequence[bool] = ()) -> RunRecord:
+    """The record once the followed attempt is over: its end, as the controller writes it while it lives
+    (or the next attempt it begins), else as the hosts say (ps's reconcile). stop_flag: give up waiting."""
+    while True:
+        record = store.get(run_id)
+        if record.terminal or record.attempt != attempt or stop_flag:
+            return record
+        if not controller_alive(record.controller):
+            return reconcile(store, run_id, connect)[0]
+        time.sleep(0.2)
+
+
+def recorded_outcome(record: RunRecord) -> RunOutcome:
+    """How a recorded run ended, for the closing summary an attached launch prints (outcome.py's)."""
+    ranks = tuple(replace(r, tail=tuple(tail_lines(r.log_path, TAIL_LINES))) if r.state.failed and r.log_path
+                  else r for r in record.ranks)
+    attempts = [outcome.AttemptSummary(a.attempt, a.hosts, a.world_size, a.state, a.reason, a.dropped)
+                for a in record.attempts]
+    attempts.append(outcome.AttemptSummary(record.attempt, tuple(n["name"] for n in record.plan.get("nodes", ())),
+                                           int(record.plan.get("world_size") or len(ranks)), record.state,
+                                           record.reason or ""))
+    seconds = (record.ended_at or time.time()) - record.created_at
+    return outcome.recorded(record.id, record.state, record.exit_code, record.reason or "", ranks,
+                            cleanup_pending=record.cleanup_pending, seconds=seconds, attempts=attempts)
+
 
 
 @dataclass(frozen=True)
@@ -231,6 +280,9 @@ def fetch_logs(store: RunStore, run_id: str, connect: Connect, *, follow: bool,
         on_problem(f"{name}: {err.message}; showing the local copy of its logs")
     try:
         fetch.pump(fetch.start(once=True), None, on_problem, stop_flag)  # catch up: the copies hold all so far
+        if fetch.gone:
+            on_problem(_gone_note(run_id, {n.host.name: fetch.gone[n.host.name] for n in fetch.nodes
+                                           if n.host.name in fetch.gone}))
         if follow:
             before_follow()
             fetch.pump(fetch.start(once=False), on_lines, on_problem, stop_flag)
@@ -253,8 +305,9 @@ class _LogFetch:
         self.ranks = self.record.ranks if past is None else past.ranks
         # bounded, as a launch's: a slow reader holds the followers (and the SSH window) back, not memory
         self.events: "queue.Queue" = queue.Queue(maxsize=64)
-        self.connected = fan_out(self.nodes, lambda n: connect(n.host), name=lambda n: n.host.name,
-                                 thread_name="logs")
+        self.gone = _known_gone(store, self.record, self.ranks, [n.host.name for n in self.nodes])
+        self.connected = fan_out([n for n in self.nodes if n.host.name not in self.gone], lambda n: connect(n.host),
+                                 name=lambda n: n.host.name, thread_name="logs")
         self.clients: Dict[str, HostClient] = self.connected.results
         self.aux = ("torchrun",) if self.record.plan.get("launcher") == "torchrun" else ()
         self.warned: set = set()
@@ -262,7 +315,7 @@ class _LogFetch:
     def start(self, once: bool) -> List[Follower]:
         followers = []
         for node in self.nodes:
-            if node.host.name in self.clients:
+            if node.host.name in self.clients and node.host.name not in self.gone:
                 followers.append(self._follower(node, once))
                 followers[-1].start()
         return followers
@@ -307,8 +360,35 @@ class _LogFetch:
             on_problem(ev.describe(self.record.inventory))
         elif isinstance(ev, (FollowDone, HostLost)):
             live.discard(ev.node_rank)
-            if isinstance(ev, HostLost):
+            if isinstance(ev, RunGone):  # said once for every such host (fetch_logs)
+                self.gone[ev.host] = ev.reason
+            elif isinstance(ev, HostLost):
                 on_problem(f"{ev.host}: {ev.reason}")
+
+
+NEVER_STARTED = "no rank of it ever started"
+
+
+def _known_gone(store: RunStore, record: RunRecord, ranks: Sequence[RankResult],
+                hosts: Sequence[str]) -> Dict[str, str]:
+    """Hosts the registry knows keep nothing of the run (not asked): those `clean` removed it from, and all
+    of them when no rank ever started (a launch that failed before its start)."""
+    if ranks and all(r.state is RankState.NOT_STARTED for r in ranks):
+        return dict.fromkeys(hosts, NEVER_STARTED)
+    cleaned = store.cleaned.hosts(record.id)
+    return {h: "removed by `clean` on " + time.strftime("%m-%d %H:%M", time.localtime(cleaned[h]))
+            for h in hosts if h in cleaned}
+
+
+def _gone_note(run_id: str, gone: Mapping[str, str]) -> str:
+    """One line for every host that keeps nothing of the run, grouped by why."""
+    if set(gone.values()) == {NEVER_STARTED}:
+        return f"run {run_id} never started a rank (see `clusterrun ps`): it has no logs"
+    by_reason: Dict[str, List[str]] = {}
+    for host, why in gone.items():
+        by_reason.setdefault(why, []).append(host)
+    whys = "; ".join(f"{', '.join(hosts)}: {why}" for why, hosts in by_reason.items())
+    return f"the hosts no longer keep run {run_id} ({whys}); showing the local copy of its logs"
 
 
 def _size(path: str) -> int:

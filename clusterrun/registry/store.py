@@ -162,8 +162,18 @@ class RunStore:
                          hosts=hosts, ranks=ranks, attempt=attempt, restarts=row["restarts"] or 0,
                          attempts=self.attempts.of(run_id), pulled=tuple(sorted(self.pulls.hosts(run_id))))
 
+    def open_ids(self) -> List[str]:
+        """Runs that may still have ranks running, newest first: not ended, or ended with a host that still
+        owes a stop (what `stop` without a RUN looks among)."""
+        final = tuple(s.value for s in RunState if s.terminal)
+        return [r[0] for r in self._db.rows(
+            f"SELECT id FROM runs WHERE state NOT IN ({', '.join('?' * len(final))}) OR id IN "
+            "(SELECT run_id FROM hosts WHERE cleanup = ?) ORDER BY created_at DESC, id DESC",
+            final + (Cleanup.PENDING.value,))]
+
     def ids(self, limit: Optional[int] = None) -> List[str]:
-        sql = "SELECT id FROM runs ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        # newest first by when each was made: two ids of the same second sort by their random part only
+        sql = "SELECT id FROM runs ORDER BY created_at DESC, id DESC" + (f" LIMIT {int(limit)}" if limit else "")
         return [r[0] for r in self._db.rows(sql)]
 
     def resolve(self, ref: Optional[str]) -> str:

@@ -27,8 +27,9 @@ import types
 
 LOOKUP_TIMEOUT = 3.0  # a name lookup gives up here (a dead DNS): check itself stays bounded
 
-# TORCH_SNIPPET (remote/torch_probe.py, run in a child) and IFACES_SOURCE (remote/host/net/ifaces.py: the
-# interface launch picks, picked the same way here) are put in front of this source with OPTIONS.
+# TORCH_SNIPPET (remote/torch_probe.py, run in a child), IFACES_SOURCE (remote/host/net/ifaces.py: the
+# interface launch picks, picked the same way here) and HOLDER_SOURCE (remote/host/net/holder.py: who
+# listens on a port, named as the launch's preflight names it) are put in front of this source with OPTIONS.
 
 
 def say(obj):
@@ -87,8 +88,13 @@ def _lstat(path):
 
 def ifaces_module():
     """remote/host/net/ifaces.py, from its source in front of this one."""
-    module = types.ModuleType("ifaces")
-    exec(compile(globals()["IFACES_SOURCE"], "ifaces.py", "exec"), module.__dict__)
+    return source_module("ifaces", "IFACES_SOURCE")
+
+
+def source_module(name, variable):
+    """A module of the host program (remote/host/net/NAME.py), from its source put in front of this one."""
+    module = types.ModuleType(name)
+    exec(compile(globals()[variable], name + ".py", "exec"), module.__dict__)
     return module
 
 
@@ -246,47 +252,6 @@ def cmd_reach(opts):
 # ------------------------------------------------------------------ the master port
 
 
-def port_holder(port):
-    """Who listens on port, as far as this user may see (/proc/net/tcp*: uid; /proc/PID/fd: our own pids)."""
-    inodes = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                rows = fh.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes[cols[9]] = int(cols[7])
-    if not inodes:
-        return None
-    inode, uid = next(iter(inodes.items()))
-    holder = {"uid": uid}
-    try:
-        import pwd
-        holder["user"] = pwd.getpwuid(uid).pw_name
-    except (ImportError, KeyError):
-        pass
-    target = "socket:[%s]" % inode
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fds = os.listdir("/proc/%s/fd" % pid)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink("/proc/%s/fd/%s" % (pid, fd)) != target:
-                    continue
-                with open("/proc/%s/cmdline" % pid, "rb") as fh:
-                    cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-                holder.update(pid=int(pid), command=cmd[:200])
-                return holder
-            except OSError:
-                continue
-    return holder
-
-
 def bind_port(port, family):
     """A listening socket on port (all interfaces), as torch's TCPStore would bind it (SO_REUSEADDR)."""
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -298,7 +263,7 @@ def bind_port(port, family):
         sock.close()
         result = {"free": False, "error": error_text(exc)}
         if exc.errno == errno.EADDRINUSE:
-            result["holder"] = port_holder(port)
+            result["holder"] = source_module("holder", "HOLDER_SOURCE").port_holder(port)
         return None, result
     return sock, {"free": True, "port": sock.getsockname()[1]}
 

@@ -7,29 +7,76 @@ One thread renders (the runner's main thread); worker threads only post events.
 from __future__ import annotations
 
 import time
-from typing import Dict, Iterable
+from typing import Dict, Iterable, Optional
 
 from rich.text import Text
 
 from ..events import HostDone, HostProgress, LogLines, Notice, Phase, RankEnded
 from ..outcome import RunOutcome, hint_for
 from ..states import RankState, RunState
+from ..config.sizes import size_text
 from .console import LogPrinter, console, mask_text
+
+
+class _PhaseTally:
+    """What the hosts of one phase reported: how many are done, the slowest, what a push sent."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.started = time.monotonic()
+        self.done = 0
+        self.slowest: tuple = ("", 0.0)
+        self.sent = self.total = self.relayed = self.files = 0
+        self.progress: Dict[str, tuple] = {}  # host -> (sent so far, its total): a push under way
+
+    def host_done(self, ev: HostDone) -> None:
+        # a host's push begins as soon as it is connected, before the phase (every host connected) does
+        self.started = min(self.started, time.monotonic() - ev.seconds)
+        self.done += 1
+        if ev.seconds >= self.slowest[1]:
+            self.slowest = (ev.host, ev.seconds)
+        self.sent, self.total, self.relayed = self.sent + ev.sent, self.total + ev.total, self.relayed + ev.relayed
+        self.files = max(self.files, ev.files)
+        self.progress.pop(ev.host, None)
+
+    def line(self) -> str:
+        """`push: 4 hosts in 0.21 s, 230.1 KB sent (7 files, 57.5 KB per host); slowest node1 0.21 s`."""
+        took = time.monotonic() - self.started
+        text = f"{self.name}: {self.done} host{'s' if self.done != 1 else ''} in {took:.2f} s"
+        if self.name == "push" and self.done:
+            each = f"{self.files} file{'s' if self.files != 1 else ''}, {size_text(self.total / self.done)} per host"
+            text += (f", {size_text(self.sent)} sent ({each})" if self.sent else
+                     f", nothing to send (the hosts had all {each})") + \
+                (f", {size_text(self.relayed)} passed on between hosts" if self.relayed else "")
+        if self.name == "pull" and self.done:
+            text += f", {size_text(self.sent)} received ({self.files} file{'s' if self.files != 1 else ''} new or changed)"
+        if self.done > 1:
+            text += f"; slowest {self.slowest[0]} {self.slowest[1]:.2f} s"
+        return text
+
+    def live_info(self, hosts: int) -> str:
+        """The live widget's text: hosts done, and bytes for a push under way."""
+        text = f"{self.done}/{hosts} hosts"
+        if self.progress:
+            sent = sum(p[0] for p in self.progress.values())
+            text += f", {size_text(sent)} of {size_text(sum(p[1] for p in self.progress.values()))}"
+        return text
 
 
 class RunView:
     """Renders a run's events: progress on stderr, logs on stdout."""
 
-    def __init__(self, *, quiet: bool = False, secrets: Iterable[str] = ()):
+    def __init__(self, *, quiet: bool = False, secrets: Iterable[str] = (), inventory: str = "INVENTORY",
+                 hosts: int = 0):
         self.err = console(stderr=True)
+        self.inventory = inventory  # named in hints
         self.logs = LogPrinter(secrets=secrets)
         self.quiet = quiet
+        self.hosts = hosts  # how many the launch has (the live widget's "3/16 hosts")
         self._live = self.err.is_terminal and not quiet
-        self._progress = None  # a rich Progress while connecting and pushing on a terminal
-        self._tasks: Dict[tuple, int] = {}
-        self._phase_started = time.monotonic()
-        self._phase = ""
-        self._done: Dict[str, int] = {}
+        self._progress = None  # a rich Progress (one line: the phase under way) while connecting and pushing
+        self._task = None
+        self._phase: Optional[_PhaseTally] = None
 
     def handle(self, ev: object) -> None:
         if isinstance(ev, LogLines):
@@ -37,9 +84,13 @@ class RunView:
         elif isinstance(ev, Phase):
             self._on_phase(ev)
         elif isinstance(ev, HostProgress):
-            self._on_host_progress(ev)
+            if self._phase is not None:
+                self._phase.progress[ev.host] = (ev.done, ev.total)
+                self._refresh()
         elif isinstance(ev, HostDone):
-            self._on_host_done(ev)
+            if self._phase is not None:
+                self._phase.host_done(ev)
+                self._refresh()
         elif isinstance(ev, RankEnded):
             style = "bold red" if ev.failed else "dim"
             self.err.print(Text(f"[{ev.host} r{ev.rank}] ended: {ev.description}", style=style))
@@ -47,51 +98,43 @@ class RunView:
             style = {"error": "bold red", "warning": "yellow"}.get(ev.level, "")
             self.err.print(Text(ev.text, style=style))
 
-    def _on_host_progress(self, ev: HostProgress) -> None:
-        if self._progress is not None:
-            key = (ev.phase, ev.host)
-            if key not in self._tasks:
-                self._tasks[key] = self._progress.add_task(f"{ev.phase} {ev.host}", total=ev.total or None)
-            self._progress.update(self._tasks[key], completed=ev.done, total=ev.total or None)
+    def _refresh(self) -> None:
+        if self._progress is not None and self._task is not None and self._phase is not None:
+            self._progress.update(self._task, description=self._phase.name, completed=self._phase.done,
+                                  total=max(self.hosts, self._phase.done) or None,
+                                  info=self._phase.live_info(max(self.hosts, self._phase.done)))
 
-    def _on_host_done(self, ev: HostDone) -> None:
-        """A bar fills up; a host without a bar gets a line (without a live view: only pushes do)."""
-        self._done[ev.phase] = self._done.get(ev.phase, 0) + 1
-        if self._progress is not None:
-            key = (ev.phase, ev.host)
-            if key in self._tasks:
-                self._progress.update(self._tasks[key], completed=self._progress.tasks[self._tasks[key]].total or 1)
-            else:
-                self._progress.console.print(Text(f"  {ev.host}: {ev.phase} done in {ev.seconds:.2f} s"
-                                                  + (f" ({ev.detail})" if ev.detail else ""), style="dim"))
-        elif not self.quiet and ev.phase == "push":
-            self.err.print(Text(f"  {ev.host}: pushed in {ev.seconds:.2f} s ({ev.detail})", style="dim"))
+    def _end_phase(self) -> None:
+        """One line for the phase that ended (the same on a terminal and in a pipe)."""
+        if self._phase is not None and self._phase.name != "run" and not self.quiet:
+            self.err.print(Text(self._phase.line(), style="dim"))
+        self._phase = None
 
     def _on_phase(self, ev: Phase) -> None:
-        if self._phase and self._phase != "run" and not self.quiet:  # host phases: how many hosts, how long
-            took = time.monotonic() - self._phase_started
-            count = self._done.get(self._phase, 0)
-            self.err.print(Text(f"{self._phase}: {count} host{'s' if count != 1 else ''} in {took:.2f} s",
-                                style="dim"))
-        self._phase, self._phase_started = ev.name, time.monotonic()
-        self._done[ev.name] = 0  # a restart starts its hosts again
+        self._end_phase()
+        self._phase = _PhaseTally(ev.name)
         if ev.name == "run":
             self.close()
             if not self.quiet:
                 self.err.print(Text(f"running: {ev.detail}", style="bold"))
-        elif self._live and self._progress is None:
+            return
+        if self._live and self._progress is None:
             # imported here: rich's progress and tables cost ~30 ms at start-up, and a launch needs them
             # only on a terminal (progress) or at its end (tables)
-            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+            from rich.progress import BarColumn, Progress, TextColumn
 
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                      TransferSpeedColumn(), console=self.err, transient=True)
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                                      console=self.err, transient=True)
             self._progress.start()
+            self._task = self._progress.add_task(ev.name, total=self.hosts or None, info="")
+        self._refresh()
 
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+            self._task = None
+        self._end_phase()
 
     # -------------------------------------------------------------- endings
 
@@ -140,7 +183,7 @@ class RunView:
             err.print(Text(f"last lines of rank {rc.rank}:", style="bold"))
             for line in rc.tail:
                 err.print(Text("  " + mask_text(line, self.logs.secrets)))
-        hint = outcome.hint or hint_for(rc)
+        hint = (outcome.hint or hint_for(rc)).replace("INVENTORY", self.inventory)
         if hint:
             err.print(Text(f"hint: {hint}", style="yellow"))
 
@@ -148,7 +191,7 @@ class RunView:
         rc = outcome.root_cause
         others = [r for r in outcome.ranks if RankState(r.state).failed and r.rank != rc.rank]
         if others:
-            self.err.print(Text("other failed ranks: " + ", ".join(f"r{r.rank} on {r.host} ({r.describe()})"
+            self.err.print(Text("other failed ranks: " + ", ".join(f"r{r.rank} on {r.host} ({r.describe(rc)})"
                                                                    for r in others), style="dim"))
 
     def _summary(self, outcome: RunOutcome) -> None:
@@ -159,7 +202,8 @@ class RunView:
         for col in ("rank", "host", "result", "duration"):
             summary.add_column(col)
         for r in outcome.ranks:
-            summary.add_row(str(r.rank), r.host, r.describe() if r.state is not RankState.SUCCEEDED else "ok",
+            summary.add_row(str(r.rank), r.host,
+                            r.describe(outcome.root_cause) if r.state is not RankState.SUCCEEDED else "ok",
                             f"{r.duration:.1f} s" if r.duration is not None else "-")
         self.err.print(summary)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -62,23 +63,64 @@ def _interfaces(plan: "LaunchPlan", out: Console) -> None:
             out.print(Text(f"# {node.host.name} interface: ", style="bold") + Text(net.why + sets))
 
 
+PS_NOTE_MIN = 24  # narrower than this, the note column would say nothing: less important columns go first
+PS_NOTE_MAX = 200  # characters of a note (cut at a word)
+
+
 def show_runs(records: Sequence[Tuple[RunRecord, Dict[str, HostError]]], out: Console,
               disk: Optional[Dict[str, dict]] = None) -> None:
     """`ps`: one row per run, newest first; the note says what is pending or could not be asked; with
-    disk (`ps --disk`), the bytes each run keeps on its hosts."""
-    table = Table(title_justify="left")
-    for col in ("run", "state", "hosts", "ranks", "started", "duration", "exit") + (("disk",) if disk else ()) + \
-            ("note",):
-        table.add_column(col)
+    disk (`ps --disk`), the bytes each run keeps on its hosts. The run id and state are never cut: on a
+    narrow terminal the hosts, start and duration columns go, and the note wraps at words."""
+    now = time.time()
+    rows = []
     for record, problems in records:  # hosts and ranks: the current attempt's (a restart may drop hosts)
-        ended = record.ended_at or time.time()
-        cells = [_disk_cell(disk.get(record.id) or {})] if disk else []
-        table.add_row(record.id, _run_state(record), str(len(record.plan.get("nodes", record.hosts))),
-                      str(len(record.ranks)),
-                      time.strftime("%m-%d %H:%M:%S", time.localtime(record.created_at)),
-                      f"{ended - record.created_at:.0f} s", "" if record.exit_code is None else str(record.exit_code),
-                      *cells, Text(_run_note(record, problems)[:120]))
+        ended = record.ended_at or now
+        rows.append({"run": record.id, "state": _run_state(record),
+                     "hosts": str(len(record.plan.get("nodes", record.hosts))), "ranks": str(len(record.ranks)),
+                     "started": _when(record.created_at, now),
+                     "duration": f"{ended - record.created_at:.0f} s",
+                     "exit": "" if record.exit_code is None else str(record.exit_code),
+                     **({"disk": _disk_cell(disk.get(record.id) or {})} if disk else {}),
+                     "note": one_line(_run_note(record, problems), PS_NOTE_MAX)})
+    columns = _ps_columns(rows, out.width, bool(disk))
+    table = Table(title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in columns:
+        table.add_column(col, no_wrap=col != "note", justify="right" if col in ("hosts", "ranks", "duration", "exit")
+                         else "left", overflow="fold" if col == "note" else "ellipsis")
+    for row in rows:
+        table.add_row(*[Text(row[c]) if c == "note" else row[c] for c in columns])
     out.print(table)
+
+
+def _ps_columns(rows: Sequence[dict], width: int, disk: bool) -> List[str]:
+    """The columns that fit beside a note of at least PS_NOTE_MIN characters, dropping the least needed."""
+    columns = ["run", "state", "hosts", "ranks", "started", "duration", "exit"] + (["disk"] if disk else []) + ["note"]
+
+    def need(col: str) -> int:
+        return max([len(col)] + [len(r[col]) for r in rows]) + 3  # padding and the gap between columns
+
+    note = min(PS_NOTE_MIN, need("note"))  # short notes (or none) leave room for more columns
+    for optional in ("hosts", "started", "duration", "ranks"):
+        if sum(need(c) for c in columns if c != "note") + note <= width:
+            break
+        columns.remove(optional)
+    return columns
+
+
+def _when(at: float, now: float) -> str:
+    """The time of day for today, else the date too."""
+    same_day = time.localtime(at)[:3] == time.localtime(now)[:3]
+    return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M", time.localtime(at))
+
+
+def one_line(text: str, limit: int) -> str:
+    """Whitespace (newlines too) folded to single spaces; cut at a word boundary with … past limit."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut) + "…"
 
 
 def _run_state(record: RunRecord) -> str:

@@ -8,12 +8,11 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
 from . import __doc__ as __package_doc__
 from .cluster import Cluster
-from .common import DEFAULT_HOSTS, DEFAULT_NAME, DEFAULT_SUBNET, ClusterError
+from .common import DEFAULT_HOSTS, DEFAULT_NAME, DEFAULT_SUBNET, ClusterError, commands
 from .image import build_image, remove_images
 
 
@@ -27,9 +26,13 @@ def _cmd_up(a) -> int:
           file=sys.stderr)
     for h in c.hosts:
         print(f"  {h.name}  {h.address}" + (f"  {h.address2}" if h.address2 else ""), file=sys.stderr)
-    print(f"ssh:       ssh -F {c.ssh_config_path} node0", file=sys.stderr)
-    print(f"down:      python {Path(__file__).resolve().parent} down --name {c.name}", file=sys.stderr)
+    cmd = commands()
+    name = "" if c.name == DEFAULT_NAME else f" --name {c.name}"
     print(f"inventory: {c.inventory_path}", file=sys.stderr)
+    print(f"check:     {cmd['clusterrun']} check {c.inventory_path}", file=sys.stderr)
+    print(f"launch:    {cmd['clusterrun']} launch {c.inventory_path}", file=sys.stderr)
+    print(f"ssh:       ssh -F {c.ssh_config_path} node0", file=sys.stderr)
+    print(f"down:      {cmd['testcluster']} down{name}", file=sys.stderr)
     print(c.inventory_path)  # stdout: just the path, for scripts
     return 0
 

@@ -6,6 +6,9 @@ import dataclasses
 import logging
 import os
 import re
+import shlex
+import shutil
+import sys
 from pathlib import Path
 
 log = logging.getLogger("testcluster")
@@ -32,6 +35,33 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _SESSION_RE = re.compile(r"^sshd(-session)?: " + USER + r"[@ ]")
+
+
+def _typed(path: Path, absolute: bool = False) -> str:
+    """A path as a person types it from here: relative when it is under this folder (unless absolute)."""
+    if absolute:
+        return str(path)
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return str(path)
+    return str(path) if rel.startswith("..") else (rel if os.sep in rel else f".{os.sep}{rel}")
+
+
+def commands(absolute: bool = False) -> dict:
+    """The command lines a person can paste here: `testcluster` through the Python that runs it, and
+    `clusterrun` as the console script beside that Python (a venv's bin/), else on PATH, else as
+    `python -m clusterrun` (neither needs an activated venv)."""
+    python = _typed(Path(sys.executable), absolute)
+    beside = Path(sys.executable).parent / "clusterrun"
+    if beside.exists():
+        clusterrun = _typed(beside, absolute)
+    elif shutil.which("clusterrun"):
+        clusterrun = "clusterrun"
+    else:
+        clusterrun = f"{python} -m clusterrun"
+    return {"testcluster": f"{python} {shlex.quote(_typed(DOCKER_DIR / 'testcluster', absolute))}",
+            "clusterrun": clusterrun}
 
 
 class ClusterError(RuntimeError):

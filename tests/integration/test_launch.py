@@ -88,7 +88,8 @@ def test_detach_then_ps_logs_follow_and_stop(cr):
     stop = cr.run("stop", run_id, "--grace", "2")
     assert stop.returncode == 0, stop.stderr
     out, err = follow.communicate(timeout=60)
-    assert follow.returncode == 0, err
+    assert follow.returncode == 1, err  # the run's exit code: stopped (as `ps` records it)
+    assert f"run {run_id}: stopped" in err and "stopped by `clusterrun stop` (SIGTERM)" in err  # the summary
     lines = [ln for ln in out.splitlines() if ln.startswith("[node1 r1] rank 1 step")]
     steps = [int(ln.rsplit(" ", 1)[1]) for ln in lines]
     assert steps == list(range(len(steps))) and len(steps) > 5  # in order, none missing, none twice

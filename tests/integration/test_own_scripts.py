@@ -38,15 +38,17 @@ def rank_lines(stdout):
     return found
 
 
-def test_torchrun_style_script_with_rank_flags_false(cr):
-    done = cr.run("launch", two_by_two(cr, job={"rank_flags": False}))
+def test_torchrun_style_script_runs_unchanged_on_its_first_launch(cr):
+    done = cr.run("launch", two_by_two(cr))  # rank_flags not set: the script's strict argparse has no --rank
     assert done.returncode == 0, done.stderr
+    assert "multinode.py parses its own options and declares no --rank/--world-size: they are not passed" in \
+        done.stderr
     assert rank_lines(done.stdout) == {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
     assert all(f"[node{r // 2} r{r}] rank {r} epoch 1 batch 8 sum 10" in done.stdout for r in range(4))
 
 
 def test_tutorial_flags_on_a_torchrun_style_script_fail_with_the_hint(cr):
-    done = cr.run("launch", two_by_two(cr))
+    done = cr.run("launch", two_by_two(cr, job={"rank_flags": True}))  # said so: the inventory wins
     assert done.returncode == 1
     assert "unrecognized arguments: --rank" in done.stderr  # the root cause's last lines
     hint = next(line for line in done.stderr.splitlines() if line.startswith("hint:"))

@@ -341,9 +341,20 @@ def test_a_narrow_terminal_gets_marks_only():
     assert max(len(line) for line in text.splitlines()) <= 70
 
 
+def test_check_exits_3_only_when_every_failure_is_a_host_that_could_not_be_reached():
+    def host(name, failing):
+        return HostReport(name, 0, tuple(CheckResult(c, "fail" if c in failing else "ok", "", "", "") for c in CHECKS))
+
+    ok = host("a", ())
+    assert Report((ok, ok), "10.0.0.10", 29500).exit_code == 0
+    assert Report((ok, host("b", ("ssh",))), "10.0.0.10", 29500).exit_code == 3  # README: connection failure
+    assert Report((ok, host("b", ("torch",))), "10.0.0.10", 29500).exit_code == 1  # a check failed: not 3
+    assert Report((host("a", ("port",)), host("b", ("ssh",))), "10.0.0.10", 29500).exit_code == 1
+
+
 def test_json_has_every_check_of_every_host():
     data = json.loads(json.dumps(_report().to_json()))
-    assert (data["ok"], data["exit_code"], data["master"]) == (False, 3, {"addr": "10.0.0.10", "port": 29500})
+    assert (data["ok"], data["exit_code"], data["master"]) == (False, 1, {"addr": "10.0.0.10", "port": 29500})
     assert data["checks"] == list(CHECKS)
     assert [h["host"] for h in data["hosts"]] == ["node0", "node2"]
     assert set(data["hosts"][1]["checks"]) == set(CHECKS)
@@ -462,3 +473,24 @@ def test_check_a_local_inventory_end_to_end(tmp_path, busy_port):
     report = run_checks(bad)
     assert not report.ok and report.hosts[0].get("port").status == "fail"
     assert report.hosts[0].get("connect").status == "skip"
+
+
+def test_a_master_port_held_by_a_clusterrun_run_names_that_run_and_how_to_stop_it():
+    held = {"free": False, "port": 29500, "error": "Address already in use (EADDRINUSE)",
+            "holder": {"uid": 1000, "user": "cr", "pid": 4242, "command": "/opt/venv/bin/python train.py",
+                       "run_id": "20261201-201111-247b", "rank": 0}}
+    result = port_text(held, 29500, "node0")
+    assert result.detail == ("master port 29500 is in use on node0 by clusterrun run 20261201-201111-247b (rank 0; "
+                             "pid 4242 /opt/venv/bin/python train.py, user cr)")
+    assert "clusterrun stop 20261201-201111-247b" in result.hint and "port: auto" in result.hint
+    other = port_text({**held, "holder": {"uid": 0, "user": "root"}}, 29500, "node0")
+    assert other.detail == "master port 29500 is in use on node0 (user root)" and "stop what holds it" in other.hint
+
+
+def test_a_master_port_a_starting_run_will_serve_is_said_so():
+    claimed = {"free": False, "port": 29500, "error": "claimed by a run that is starting (EADDRINUSE once it listens)",
+               "holder": {"run_id": "20261201-205527-a346", "rank": 0, "starting": True}}
+    result = port_text(claimed, 29500, "node0")
+    assert result.status == "fail" and result.detail == (
+        "master port 29500 is in use on node0 by clusterrun run 20261201-205527-a346 (rank 0; starting: it listens "
+        "there once its Python is up)")

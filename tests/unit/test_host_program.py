@@ -276,3 +276,66 @@ def test_a_workdir_others_could_write_to_runs_nothing(tmp_path, unsafe):
     assert str(work) in text and ("mode 777" in text if unsafe == "world-writable" else "uid 4321" in text)
     assert "chmod go-w" in text and "workdir:" in text
     assert not (work / "bin").exists()  # the installer did not write into it either
+
+
+def test_follow_of_a_run_the_host_does_not_have_answers_no_such_run_at_once(host_client, tmp_path):
+    import queue
+
+    from clusterrun.hosts.follow import Follower, LogFiles, RunGone
+
+    stream = host_client.follow("20261130-000000-0070", {0: 0})
+    frame = stream.next(10)  # a failure frame, not a JSON line read as a frame header
+    stream.close()
+    assert frame.kind == "F" and frame.json()["kind"] == "missing" and "no such run" in frame.json()["error"]
+    host_client.push("20261130-000000-0071", project(tmp_path, {"job.py": b"x"}), hold=False)  # pushed, not started
+    frame = host_client.follow("20261130-000000-0071", {0: 0}).next(10)
+    assert frame.kind == "F" and frame.json()["kind"] == "missing" and "not started" in frame.json()["error"]
+    out: queue.Queue = queue.Queue()
+    follower = Follower(node_rank=0, host="here", ranks=[0], files=LogFiles(rank=lambda r: str(tmp_path / "r.log")),
+                        world_size=1, attempt_key="20261130-000000-0070", client=lambda reconnect: host_client,
+                        out=out, host_lost_s=30)
+    t = time.monotonic()
+    follower.start()
+    ended = out.get(timeout=20)
+    assert isinstance(ended, RunGone) and "no such run" in ended.reason
+    assert time.monotonic() - t < 10  # no retries until host_lost (30 s here)
+
+
+def test_the_push_facts_name_the_clusterrun_run_that_holds_the_master_port(host_client, tmp_path):
+    holder_run, run_id = "20261130-000000-0080", "20261130-000000-0081"
+    port_file = tmp_path / "port"
+    code = ("import socket, time; s = socket.socket(); s.bind(('', 0)); s.listen(); "
+            f"open({str(port_file)!r}, 'w').write(str(s.getsockname()[1])); time.sleep(60)")
+    host_client.push(holder_run, project(tmp_path, {"job.py": b"x"}), hold=False)
+    host_client.start(holder_run, {"run_id": holder_run, "grace": 2.0, "fail_fast": True, "ranks": [
+        {"rank": 0, "argv": [sys.executable, "-c", code], "env": {"CLUSTERRUN_RUN_ID": holder_run, "RANK": "0"}}]})
+    try:
+        deadline = time.monotonic() + 20
+        while not (port_file.exists() and port_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        facts = host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False, check_port=port).facts
+    finally:
+        host_client.stop(holder_run, 1.0)
+    assert not facts["port"]["free"] and "EADDRINUSE" in facts["port"]["error"]
+    holder = facts["port"]["holder"]
+    assert (holder["run_id"], holder["rank"]) == (holder_run, 0) and holder["pid"] > 0 and "socket" in holder["command"]
+
+
+def test_a_master_port_a_starting_run_will_serve_is_not_free(host_client, tmp_path):
+    # a run whose rank 0 is still importing torch has not bound its port yet: a second run on the same port
+    # would send its workers into the first one's rendezvous
+    starting, run_id = "20261130-000000-0090", "20261130-000000-0091"
+    port = host_client.free_port()
+    host_client.push(starting, project(tmp_path, {"job.py": b"x"}), hold=False)
+    host_client.start(starting, {"run_id": starting, "node_rank": 0, "grace": 2.0, "fail_fast": True, "ranks": [
+        {"rank": 0, "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+         "env": {"CLUSTERRUN_RUN_ID": starting, "RANK": "0", "MASTER_PORT": str(port)}}]})
+    try:
+        facts = host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False, check_port=port).facts
+    finally:
+        host_client.stop(starting, 1.0)
+    assert not facts["port"]["free"] and facts["port"]["holder"] == {"run_id": starting, "rank": 0, "starting": True}
+    after = host_client.push("20261130-000000-0092", project(tmp_path, {"job.py": b"x"}), hold=False,
+                             check_port=port).facts
+    assert after["port"]["free"]  # once that run has ended, the port is free again

@@ -235,3 +235,49 @@ def test_bad_outputs_ports_and_notify_name_their_place(fragment, where, message)
     with pytest.raises(InventoryError) as exc:
         parse_inventory(text, "inv.yaml")
     assert f"inv.yaml:{where}: " in str(exc.value) and message in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("version: 1\njob:\n    script: t.py\n  args: [x]\nhosts: [{host: a}]\n",
+     "inv.yaml:4:3: YAML syntax error: the indentation is off: this line does not line up with the keys"),
+    ("version: 1\nhosts:\n  - host: a\n   - host: b\n", "inv.yaml:4:4: YAML syntax error: the indentation is off"),
+    ("version: 1\nhosts: [{host: a}]\njob:\n  script: t.py\n    args: [x]\n",
+     "inv.yaml:5:9: YAML syntax error: a `key: value` where none can start: the line is indented more than the key"),
+    ("version: 1\nhosts: [{host: a}]\njob:\n  script: a: b\n", "or a value holds ': ' (quote it: 'a: b')"),
+    ("version: 1\nhosts: [{host: a}]\njob\n  script: t.py\n", "a ':' is missing after a key"),
+    ("version: 1\nhosts: [{host: a}\n", "a [ ... ] list that began on line 2 is not closed"),
+])
+def test_yaml_mistakes_are_said_in_plain_words_with_the_line(text, expected):
+    found = problems(text)
+    assert any(expected in p for p in found), found
+    assert not any("<block" in p or "expected <" in p for p in found), found  # no raw PyYAML parser talk
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("version: 1\nhosts: [{host: a}]\nshared_dir: /shared\n",
+     "shared_dir: unknown key 'shared_dir' here; did you mean job.shared_dir? (it goes under job:)"),
+    ("version: 1\nuser: cr\nhosts: [{host: a}]\n", "did you mean defaults.user? (it goes under defaults:)"),
+    ("version: 1\nhosts: [{host: a, grace: 3s}]\n", "hosts[0].grace: unknown key 'grace' here; did you mean "
+                                                    "timeouts.grace?"),
+    ("version: 1\nhosts: [{host: a}]\njob: {script: t.py, secrets: [A]}\n",
+     "did you mean secrets? (a top-level key, not one under job:)"),
+    ("version: 1\nhosts: [{host: a, slot: 2}]\n", "hosts[0].slot: unknown key 'slot'; did you mean 'slots'?"),
+])
+def test_a_key_in_the_wrong_place_says_where_it_belongs(text, expected):
+    found = problems(text)
+    assert any(expected in p for p in found), found
+
+
+def test_a_missing_job_file_names_job_root_and_where_the_file_is(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    (elsewhere / "my_train.py").write_text("print(1)\n")
+    inv_path = elsewhere / "inv.yaml"  # a copy of a generated inventory, its absolute job.root kept
+    inv_path.write_text(f"version: 1\nhosts: [{{host: a}}]\njob: {{root: {tmp_path / 'repo'}, script: my_train.py}}\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as info:
+        check_job_files(load_inventory(str(inv_path)))
+    text = str(info.value)
+    assert f"job.script: {tmp_path / 'repo' / 'my_train.py'} does not exist (job paths are relative to job.root, " \
+           f"{tmp_path / 'repo'})" in text
+    assert f"it is in {elsewhere}: leave job.root out" in text

@@ -76,3 +76,39 @@ def test_stop_records_exits_with_the_hosts_clock(tmp_path):
                   host_now)
     rank = store.get("20261201-000000-0001").ranks[0]
     assert rank.state is RankState.STOPPED and abs(rank.ended_at - (host_now - 50)) < 1.0
+
+
+def test_a_stopped_rank_says_who_stopped_it_and_why():
+    cause = RankResult(2, 1, "node1", RankState.FAILED, exit_code=2, ended_at=10.0)
+
+    def stopped(**kw):
+        return RankResult(0, 0, "node0", RankState.STOPPED, **kw)
+
+    # stopped after a peer failed: named as such, not as if clusterrun had ended it for no reason
+    assert stopped(signal=15, stop_reason="failed").describe(cause) == \
+        "stopped by clusterrun after rank 2 on node1 failed (SIGTERM)"
+    assert stopped(signal=15, stop_reason="failed elsewhere: rank 2 on node 1 failed").describe() == \
+        "stopped by clusterrun after rank 2 on node 1 failed (SIGTERM)"
+    # an exit code of its own after the stop is not clusterrun's exit code
+    assert stopped(exit_code=2, stop_reason="failed").describe(cause) == \
+        "stopped by clusterrun after rank 2 on node1 failed (told to stop, it exited with code 2)"
+    assert stopped(signal=15, stop_reason="time-limit").describe() == \
+        "stopped by clusterrun at the time limit (SIGTERM)"
+    assert stopped(signal=15, stop_reason="stopped").describe() == "stopped by `clusterrun stop` (SIGTERM)"
+    assert stopped(signal=9, stop_reason="interrupted").describe() == "stopped by clusterrun on Ctrl-C (SIGKILL)"
+    # a rank that failed on its own is not blamed on the root cause (the same missing torch fails them all)
+    later = RankResult(3, 1, "node1", RankState.FAILED, exit_code=1, ended_at=10.001)
+    assert later.describe(cause) == "exit code 1" and cause.describe(cause) == "exit code 2"
+
+
+def test_root_cause_hints_for_a_python_without_torch_and_a_taken_port():
+    from clusterrun.outcome import hint_for
+
+    def hint(*tail):
+        return hint_for(RankResult(0, 0, "a", RankState.FAILED, exit_code=1, tail=tail))
+
+    torch = hint("Traceback (most recent call last):", "ModuleNotFoundError: No module named 'torch'")
+    assert "has no torch" in torch and "python:" in torch and "clusterrun check INVENTORY" in torch  # (the view
+    # names the inventory)
+    assert "lacks the module yaml" in hint("ModuleNotFoundError: No module named 'yaml'")
+    assert "master: {port: auto}" in hint("error: [... code: -98, name: EADDRINUSE, message: address already in use]")

@@ -105,3 +105,42 @@ def test_hint_for_a_script_that_does_not_take_rank_flags():
     hint = hint_for(RankResult(0, 0, "a", RankState.FAILED, exit_code=2, tail=tail))
     assert "rank_flags: false" in hint and "launcher: torchrun" in hint
     assert hint_for(RankResult(0, 0, "a", RankState.FAILED, exit_code=1, tail=("boom",))) == ""
+
+
+TORCHRUN_STYLE = """import argparse, os
+p = argparse.ArgumentParser()
+p.add_argument("total_epochs", type=int)
+p.add_argument("--batch_size", type=int, default=32)
+args = p.parse_args()
+rank = int(os.environ["RANK"])
+"""
+
+
+def test_rank_flags_left_open_are_decided_from_the_script(tmp_path):
+    from clusterrun.config.inventory import with_rank_flags_decided
+
+    def decided(source, job="{script: train.py}"):
+        i = inv(tmp_path, job)
+        (tmp_path / "train.py").write_text(source)
+        return with_rank_flags_decided(i).job
+
+    torchrun_style = decided(TORCHRUN_STYLE)  # strict argparse, no --rank: passing it would fail the script
+    assert (torchrun_style.rank_flags, torchrun_style.rank_flags_from) == (False, "script")
+    tutorial = decided(TORCHRUN_STYLE + 'p.add_argument("--rank", type=int)\np.add_argument("--world-size")\n')
+    assert (tutorial.rank_flags, tutorial.rank_flags_from) == (True, "default")
+    assert decided("import sys\nprint(sys.argv)\n").rank_flags  # reads argv itself: given the flags as before
+    assert decided(TORCHRUN_STYLE.replace("parse_args()", "parse_known_args()")).rank_flags  # unknown flags pass
+    click_style = decided("import click\n@click.command()\n@click.option('--epochs')\ndef main(epochs): pass\n")
+    assert not click_style.rank_flags
+    assert decided(TORCHRUN_STYLE, "{script: train.py, rank_flags: true}").rank_flags  # the inventory wins
+    (tmp_path / "pkg").mkdir(exist_ok=True)
+    (tmp_path / "pkg" / "train.py").write_text(TORCHRUN_STYLE)
+    assert not with_rank_flags_decided(inv(tmp_path, "{module: pkg.train}")).job.rank_flags  # the module's file
+    plan = build_plan(replace_job(inv(tmp_path, "{script: train.py, args: ['3']}"), torchrun_style), "r")
+    assert plan.ranks[1].argv[1:] == ("train.py", "3")
+
+
+def replace_job(i, job):
+    from dataclasses import replace
+
+    return replace(i, job=replace(job, args=i.job.args))

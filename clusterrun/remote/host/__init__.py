@@ -25,7 +25,9 @@ RUN is a run id, or RUN/attempt-K for attempt K of a run that restarted (an atte
   net/      sockets
     free-port               print a TCP port that is free on this host
     bandwidth               measure TCP bandwidth and round trips to other hosts (`check --net`; framed
-                            stdin/stdout); ifaces.py: the interface the ranks use (network.ifname)
+                            stdin/stdout); ifaces.py: the interface the ranks use (network.ifname);
+                            holder.py: who listens on a port (the push's preflight facts, and `check`'s probe);
+                            claimed.py: a live run here whose rank 0 will serve a port it has not bound yet
 
 Shared by them: wire.py (answers, framed messages, `Fail`), files.py (atomic JSON state files), paths.py
 (where a run's files are), runstate.py (a run's state read back from its files), procs.py (is this pid

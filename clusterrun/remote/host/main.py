@@ -6,7 +6,7 @@ import importlib
 import os
 
 from .paths import run_root
-from .wire import Fail, reply, send_msg
+from .wire import Fail, fail_frame, reply, send_msg
 
 # command -> (module, function, what its arguments are: "run" = a run folder first, then the rest)
 COMMANDS = {
@@ -22,7 +22,8 @@ COMMANDS = {
     "free-port": ("net.free_port", "cmd_free_port", ""),
     "bandwidth": ("net.bandwidth", "cmd_bandwidth", ""),
 }
-FRAMED = ("receive", "pull")  # commands that speak framed messages (their errors too)
+# commands that do not answer a JSON line: receive and pull speak framed messages, follow frames
+FAIL_AS = {"receive": send_msg, "pull": send_msg, "follow": fail_frame}
 
 
 def run_dir_of(workdir, run_id):
@@ -57,7 +58,7 @@ def main(argv):
         return handler(*_arguments(kind, workdir, args))
     except Fail as exc:
         answer = {"error": str(exc), "kind": exc.kind, "path": exc.path}
-        send_msg(answer) if command in FRAMED else reply(answer)
+        FAIL_AS.get(command, reply)(answer)  # in the form the command speaks
         return 1
     except BrokenPipeError:
         return 1

@@ -1,6 +1,7 @@
 """How the host program talks to the controller: a JSON line on stdout for most commands, framed JSON
 messages for the push (4-byte length, then JSON), frames for `follow`, and `Fail` for an expected
-failure, answered as {"error", "kind", "path"}. The controller's side is hosts/wire.py."""
+failure, answered as {"error", "kind", "path"} in the command's own form (a line, a message, or for
+`follow` an F frame: kind "missing" is "no such run here"). The controller's side is hosts/wire.py."""
 
 import json
 import struct
@@ -23,6 +24,14 @@ class Fail(Exception):
 def reply(obj):
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
+
+
+def fail_frame(obj):
+    """An expected failure where the controller reads frames (`follow`): an F frame carrying the answer,
+    so it is never taken for the header of a log frame."""
+    data = json.dumps(obj).encode()
+    sys.stdout.buffer.write(FRAME.pack(b"F", 0, 0, len(data)) + data)
+    sys.stdout.buffer.flush()
 
 
 def read_exact(stream, n):

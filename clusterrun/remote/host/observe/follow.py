@@ -5,6 +5,8 @@ Frames (common.FRAME: kind, rank, offset, payload length; then the payload):
   A  log bytes of an auxiliary stream (rank field: its index in AUX, e.g. 0 = torchrun's own output)
   H  heartbeat {"now", "supervisor_alive", "restarts"} each second
   E  the end: every rank's exit was sent (under torchrun, also once its supervisor is done)
+  F  instead of any of these: a failure {"error", "kind", "path"} (main.py); kind "missing": no such run
+     here (its folder is gone: clean, retention, a push that failed) or it never started here
 Offsets come as JSON {"<rank>": bytes, "a<index>": bytes}. Under torchrun the ranks of this host are
 learnt as its workers register (runstate.rank_ids), so frames may name ranks the controller did not
 expect here; they are always below the world size.

@@ -21,6 +21,8 @@ import sys
 
 from ..disk.lock import LOCK_WAIT, cache_lock, hold_receiving
 from ..net import bind_address, free_port
+from ..net.claimed import run_on_port
+from ..net.holder import port_holder
 from ..net.ifaces import find as find_interface
 from ..run.start import start_run
 from ..wire import CHUNK, Fail, read_msg, send_msg
@@ -32,7 +34,7 @@ from .job_setup import run_setup
 RUN_RESERVE = 256 << 10  # a run's own files on this host: spec, state, exit records, the logs' first lines
 
 
-def host_facts(port, master_addr):
+def host_facts(port, master_addr, workdir=""):
     """What launch's preflight needs to know, found while the push goes on (no extra round trip)."""
     facts = {"python": platform.python_version(), "executable": sys.executable}
     facts["net"] = find_interface(master_addr)  # network: {ifname: auto} (net/ifaces.py)
@@ -46,9 +48,20 @@ def host_facts(port, master_addr):
         except OSError as exc:
             facts["port"] = {"free": False, "port": port, "error": "%s (%s)" % (
                 os.strerror(exc.errno) if exc.errno else exc, errno.errorcode.get(exc.errno, "?"))}
+            if exc.errno == errno.EADDRINUSE:
+                facts["port"]["holder"] = port_holder(port)
         finally:
             sock.close()
+        _claimed(facts, port, workdir)
     return facts
+
+
+def _claimed(facts, port, workdir):
+    """A port that is free for now is not free when a run started here will listen there in a moment."""
+    claim = run_on_port(workdir, port) if workdir and facts["port"]["free"] else None
+    if claim is not None:
+        facts["port"] = {"free": False, "port": port, "holder": claim,
+                         "error": "claimed by a run that is starting (EADDRINUSE once it listens)"}
 
 
 def cmd_receive(workdir, run_dir):
@@ -141,7 +154,7 @@ class Push:
                   "port": free_port() if manifest.get("free_port") else None,
                   "relay_port": server.getsockname()[1] if server else None,
                   "coordinator_port": self.coordinator.getsockname()[1] if self.coordinator else None,
-                  "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""))})
+                  "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""), self.workdir)})
         try:
             if server is not None:
                 self.receive_relayed(read_msg(self.stdin)["relay"], missing, server)
