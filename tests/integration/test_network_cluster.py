@@ -96,7 +96,7 @@ def test_check_names_the_loopback_name_and_the_interface_of_every_host(net, netc
         assert report[name]["mtu"]["status"] == "ok" and report[name]["dns"]["status"] == "ok"
 
     done = net.run("check", inventory(net, "none.yaml", top={"network": {"ifname": "none"}}), "--json", timeout=120)
-    assert done.returncode == 3
+    assert done.returncode == 1, done.stdout[-2000:]  # a failing check; 3 is for unreachable hosts only
     failed = {h["host"]: h["checks"]["iface"] for h in json.loads(done.stdout)["hosts"]}
     assert all(f["status"] == "fail" and "127.0.1.1" in f["detail"] for f in failed.values()), failed
 
