@@ -160,6 +160,10 @@ def evaluate(summary: Dict) -> List[dict]:
         t = get(summary, "restarts", h, "clusterrun-host", "time")
         add("lost host → new attempt's first step ≤ host_lost + grace + 5 s", h, t,
             None if t is None else t <= 5 + 2 + 5, "" if t is None else f"{t:.2f} s")
+    for h in sorted(summary.get("stacks", {}), key=int):  # issue 22
+        t = get(summary, "stacks", h, "clusterrun stacks", "time")
+        add("`clusterrun stacks` ≤ 2 s" + (" (the bound is for 16 hosts)" if int(h) < 16 else ""), h, t,
+            None if t is None else t <= 2.0, "" if t is None else f"{t:.2f} s")
     for h in sorted(summary.get("training", {}), key=int):
         # paired: each repetition's clusterrun run against the by-hand run next to it (cancels the
         # machine's drift, which on this shared machine moves samples/s by 2x between minutes)

@@ -33,9 +33,11 @@ from bench.cluster import NAME, REPO, SUBNET, BenchCluster  # noqa: E402
 from bench.context import Context, repo_commit  # noqa: E402
 from bench.measure import Recorder  # noqa: E402
 from bench.sections import exec as exec_section  # noqa: E402
-from bench.sections import launch, logs, profile, pull, push, relay, restarts, teardown, training  # noqa: E402
+from bench.sections import (launch, logs, profile, pull, push, relay, restarts, stacks, teardown,  # noqa: E402
+                            training)
 
-SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay", "pull")
+SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay", "pull",
+            "stacks")
 TRAINING_HOSTS = 4  # more ranks than this machine's cores would measure its scheduler, not the launcher
 
 
@@ -117,7 +119,7 @@ def meta(a: argparse.Namespace, argv) -> dict:
         "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, Linux {platform.release()}",
         "load_at_start": os.getloadavg(),
         "push": {"mb": a.push_mb, "files": a.push_files},
-        "cluster": {"name": NAME, "subnet": SUBNET},
+        "cluster": {"name": a.cluster_name, "subnet": a.subnet},
         "tools": {"ssh": _version(["ssh", "-V"]), "pdsh": _version(["pdsh", "-V"]),
                   "rsync": _version(["rsync", "--version"]), "paramiko": paramiko.__version__,
                   "python": platform.python_version()},
@@ -153,6 +155,8 @@ def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: in
         relay.run_section(ctx, reps, a.push_mb, files=100)
     elif name == "pull":
         pull.run_section(ctx, reps, a.push_mb, a.push_files)
+    elif name == "stacks":
+        stacks.run_section(ctx, reps)
     return True
 
 

@@ -197,6 +197,16 @@ def scaling(v: View) -> List[str]:
         ["figure", "method"] + [f"{h} hosts" for h in sizes] + ["per added host"], rows)
 
 
+def stacks(v: View) -> List[str]:
+    """`clusterrun stacks` on a detached hang (bench/sections/stacks.py) beside the floor of reaching every host."""
+    rows = [[h, num(v("stacks", h, "clusterrun stacks", "time")), num(v("stacks", h, "floor", "time")),
+             num(v("stacks", h, "pdsh", "time")), num(v("stacks", h, "clusterrun stacks", "cpu"))]
+            for h in v.hosts("stacks")]
+    return ["## stacks", "", "`clusterrun stacks RUN`, the whole command (spawn to exit), against connect + `true` "
+            "on every host (paramiko floor, pdsh).", ""] + \
+        table(["hosts", "clusterrun stacks", "floor", "pdsh", "clusterrun CPU-s"], rows)
+
+
 def markdown(data: dict) -> str:
     v, meta = View(data["summary"]), data["meta"]
     out = [f"# clusterrun benchmarks ({meta.get('date', '')})", "",
@@ -206,7 +216,8 @@ def markdown(data: dict) -> str:
            "repetition, which cancels the drift of this shared machine; times in seconds. "
            f"Command: `{meta.get('command', '')}`.", ""]
     for name, part in (("launch", launch), ("push", lambda v: push(v, meta)), ("logs", logs),
-                       ("teardown", teardown), ("training", training), ("pull", lambda v: pull(v, meta))):
+                       ("teardown", teardown), ("training", training), ("pull", lambda v: pull(v, meta)),
+                       ("stacks", stacks)):
         if v.hosts(name):
             out += part(v)
     out += scaling(v)

@@ -16,8 +16,12 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
+from . import stacks
 from .errors import EXIT_FAILED, ClusterrunError, HostsFailed
 from .states import RankState, RunState
+
+HUNG = "hung:"  # the stop reason the supervisors give a run stopped by job.hang_timeout (remote/host/run/hang.py)
+OOM = "killed by the OOM killer"  # how a host's exit record names a rank the kernel killed for memory
 
 
 @dataclass(frozen=True)
@@ -44,10 +48,13 @@ class RankResult:
         """A host's exit record (remote/host/run/supervisor.py writes them); clock_offset: that host's clock
         minus this one's, so every time lands on the controller's clock."""
         started, ended = info.get("started_at"), info.get("ended_at")
+        note = info.get("error") or ""
+        if not note and "stack" in info:  # the hang watch read where the rank was
+            note = stacks.where(stacks.frames_of(info["stack"]))
         return cls(rank, node_rank, host, exit_state(info), exit_code=info.get("exit_code"),
                    signal=info.get("signal"), started_at=started - clock_offset if started else None,
                    ended_at=ended - clock_offset if ended else time.time(), log_path=log_path,
-                   note=info.get("error") or "", stop_reason=info.get("stop_reason") or "")
+                   note=note, stop_reason=info.get("stop_reason") or info.get("hung") or "")
 
     @classmethod
     def lost(cls, rank: int, node_rank: int, host: str, why: str, *, ended_at: Optional[float] = None,
@@ -75,6 +82,11 @@ class RankResult:
             return None
         return max(0.0, self.ended_at - self.started_at)
 
+    @property
+    def hung(self) -> bool:
+        """Stopped by the hang watch (job.hang_timeout); its note says where it was."""
+        return self.stop_reason.startswith(HUNG)
+
     def describe(self, cause: Optional["RankResult"] = None) -> str:
         """How it ended, in words; cause: the run's root cause, to say that a rank ended because of it."""
         state = RankState(self.state)
@@ -82,6 +94,8 @@ class RankResult:
             return f"lost ({self.note})" if self.note else "lost"
         if state is RankState.STOPPED:
             return self._describe_stop(cause)
+        if self.signal and self.note.startswith(OOM):
+            return f"{self.note} ({signal_name(self.signal)})"
         # a rank that failed on its own is not said to have failed because of the root cause: ranks that
         # all lack torch fail within the same millisecond, and so does a rank whose peer's socket reset
         if self.signal:
@@ -92,6 +106,8 @@ class RankResult:
 
     def _describe_stop(self, cause: Optional["RankResult"]) -> str:
         """Who stopped it and why (the stop reason its exit record carries), then how it ended."""
+        if self.hung:
+            return f"hung in {self.note}" if self.note else "hung"
         if self.note:
             return f"stopped: {self.note}"
         reason = self.stop_reason
@@ -142,6 +158,11 @@ class RunOutcome:
         """The run failed (a rank failed or was lost, or it could not start): what a restart follows."""
         return self.state is RunState.FAILED
 
+    @property
+    def hung(self) -> bool:
+        """It failed because it hung (job.hang_timeout stopped it)."""
+        return self.failed and self.reason.startswith(HUNG)
+
 
 class EndedBy(str, Enum):
     """Why clusterrun itself ended a run, when it did."""
@@ -186,6 +207,32 @@ _HINTS = (
      "something already listens on the master port on rank 0's host (another run still going? `clusterrun "
      "ps`); master: {port: auto} takes a free port"),
 )
+# A collective that timed out: torch's NCCL watchdog, gloo's transport.
+_NCCL_TIMEOUT = re.compile(r"WorkNCCL\((?=[^)]*OpType=(\w+))(?=[^)]*Timeout\(ms\)=(\d+))(?:[^)]*SeqNum=(\d+))?")
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
+_GLOO_CLOSED = re.compile(r"Connection closed by peer \[?([0-9a-fA-F.:]+)\]?:(\d+)")
+_COLLECTIVE = re.compile(r"\bin (all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|reduce|gather|"
+                         r"scatter|all_to_all\w*|send|recv|isend|irecv|monitored_barrier|wait)\b")
+_MISSING = ("a rank never joined it (stopped, or stuck before the collective): `clusterrun stacks RUN` "
+            "while it hangs shows which; job.hang_timeout catches it sooner")
+
+
+def _collective_hint(text: str) -> str:
+    """Which collective timed out and after how long, from NCCL's or gloo's own words ("" if neither)."""
+    m = _NCCL_TIMEOUT.search(text)
+    if m:
+        seq = f" (SeqNum {m.group(3)})" if m.group(3) else ""
+        return f"NCCL {m.group(1)}{seq} timed out after {int(m.group(2)) / 1000:g} s: {_MISSING}"
+    m = _GLOO_TIMEOUT.search(text)
+    if m:
+        called = _COLLECTIVE.findall(text)
+        what = f"gloo {called[-1]}" if called else "a gloo collective"
+        return f"{what} timed out after {int(m.group(1)) / 1000:g} s waiting for a {m.group(2)}: {_MISSING}"
+    m = _GLOO_CLOSED.search(text)
+    if m:
+        return (f"gloo: the peer at {m.group(1)}:{m.group(2)} closed its connection: the rank there ended first "
+                "(its own failure is the cause; see the other failed ranks)")
+    return ""
 
 
 # A rank that could not connect to a peer at the address the peer offered: gloo's "remote=[ADDR]:PORT"
@@ -207,7 +254,7 @@ def hint_for(result: RankResult, addresses: Optional[Addresses] = None) -> str:
         found = pattern.search(text)
         if found:
             return found.expand(hint)
-    return network_hint(result, text, addresses or {})
+    return network_hint(result, text, addresses or {}) or _collective_hint(text)
 
 
 def _peer_address(text: str) -> Optional[Tuple[str, str]]:
@@ -296,11 +343,29 @@ def _decide(run_id: str, ranks: Tuple[RankResult, ...], ended_by: Optional[Ended
         limit = f" of {time_limit:g} s" if time_limit else ""
         return _end(run_id, RunState.TIMED_OUT, f"time limit{limit} reached", root, ranks)
     states = [RankState(r.state) for r in ranks]
+    if ended_by is not None or all(s.terminal for s in states):
+        hung = _hung(run_id, ranks)  # first: a rank that died once its hung peers were stopped is no cause
+        if hung is not None:
+            return hung
     if root is not None and (ended_by is not None or all(s.terminal for s in states)):
         return _end(run_id, RunState.FAILED, f"rank {root.rank} on {root.host}: {root.describe()}", root, ranks)
     if not all(s.terminal for s in states):
         return None
     return _ended_without_failure(run_id, states, ranks, stop_note)
+
+
+def _hung(run_id: str, ranks: Tuple[RankResult, ...]) -> Optional[RunOutcome]:
+    """The supervisors stopped the run as hung (job.hang_timeout): it failed; the root cause is the odd
+    rank (the smallest group of ranks that were in the same place), and the reason names every group."""
+    hung = [r for r in ranks if r.hung]
+    if not hung:
+        return None
+    cause = stacks.hang_cause([(r.rank, r.host, r.note) for r in hung])
+    groups = {}
+    for r in hung:
+        groups.setdefault(r.note, []).append(r)
+    odd = min(groups.values(), key=lambda g: (len(g), g[0].rank))[0]
+    return _end(run_id, RunState.FAILED, f"{hung[0].stop_reason}; {cause}", odd, ranks)
 
 
 def _ended_without_failure(run_id: str, states: Sequence[RankState], ranks: Tuple[RankResult, ...],

@@ -30,11 +30,12 @@ def _register() -> None:
     from .clean import clean
     from .execute import execute
     from .launch import launch
+    from .observe import stacks, top
     from .pull import forward, pull
     from .runs import logs, ps, stop
     from .sweep import sweep
 
-    for command in (launch, ps, logs, stop, pull, forward, check, execute, sweep, clean):
+    for command in (launch, ps, logs, stop, stacks, top, pull, forward, check, execute, sweep, clean):
         group.add_command(command)
 
 

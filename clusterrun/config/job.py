@@ -16,7 +16,7 @@ from .yaml_nodes import NodeReader, describe
 
 JOB_KEYS = ("root", "script", "module", "args", "rank_flags", "launcher", "setup", "restarts", "min_nodes",
             "restart_delay", "checkpoint_dir", "sync", "exclude", "init_method", "backend", "timeout", "time_limit",
-            "shared_dir", "outputs", "ports")
+            "hang_timeout", "shared_dir", "outputs", "ports")
 LAUNCHERS = ("python", "torchrun")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".mypy_cache/", ".pytest_cache/")
@@ -47,6 +47,7 @@ class Job:
     checkpoint_dir: Optional[str] = None  # shared across hosts and attempts; default: one per run and host
     outputs: Tuple[str, ...] = ()  # what `pull` brings back (paths or globs in the job folder, or checkpoints/...)
     ports: Tuple[int, ...] = ()  # ports on rank 0's host forwarded to this machine while an attached run lives
+    hang_timeout_s: Optional[float] = None  # no rank wrote a line for this long: the run is hung (off: None)
 
     @property
     def entry(self) -> Optional[Tuple[str, ...]]:
@@ -94,6 +95,7 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
     backend = job.read("backend", r.choice, "gloo", choices=("gloo", "nccl"))
     timeout = job.read("timeout", r.duration, 1800.0)
     time_limit = job.read("time_limit", r.duration, None)
+    hang_timeout = job.read("hang_timeout", r.duration, None)
     shared_dir = _read_shared_dir(r, job.node("shared_dir"))
     _check_file_rendezvous(r, job, init_method, shared_dir)
     setup = tuple(job.read("setup", r.string_list, (), nonempty=True))
@@ -112,7 +114,7 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
                rank_flags=launcher == "python" if rank_flags is None else rank_flags, launcher=launcher,
                rank_flags_from="default" if rank_flags is None and launcher == "python" else "inventory",
                setup=setup, restarts=restarts or 0, min_nodes=min_nodes, restart_delay_s=5.0 if delay is None else delay,
-               checkpoint_dir=checkpoint_dir, outputs=outputs, ports=ports)
+               checkpoint_dir=checkpoint_dir, outputs=outputs, ports=ports, hang_timeout_s=hang_timeout)
 
 
 def _read_root(r: NodeReader, job: _Entries, base_dir: str) -> str:

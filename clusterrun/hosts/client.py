@@ -159,6 +159,29 @@ class HostClient:
     def status(self, attempt_key: str) -> dict:
         return self.call("status", attempt_key)
 
+    def stacks(self, attempt_key: str, ranks: Sequence[int] = (), via: str = "auto") -> dict:
+        """Every thread's stack of the attempt's ranks on this host (remote/host/observe/stacks.py): by
+        py-spy where the host has it, else through the ranks' bootstrap (faulthandler)."""
+        args = [a for r in ranks for a in ("--rank", str(r))] + ["--via", via]
+        return self.call("stacks", attempt_key, *args, timeout=self.timeouts.command)
+
+    def samples(self, target: str, interval: float, count: int = 0) -> "Samples":
+        """This host's load and its ranks' (target: an attempt key, or "-" for the host alone), sampled on
+        the host (remote/host/observe/samples.py): a JSON line every interval on one open channel."""
+        argv = self.argv("samples", target, f"{interval:g}", str(count))
+        wait = interval + self.timeouts.command
+
+        def attempt() -> "Samples":
+            samples = Samples(self.transport.open(argv), self.label)
+            try:
+                samples.first = samples.next(wait)  # the first line tells whether the program is there
+            except BaseException:
+                samples.close()
+                raise
+            return samples
+
+        return self._with_program(attempt)
+
     def stop(self, attempt_key: str, grace: float, reason: str = "stopped") -> dict:
         """Stop every rank of the attempt on this host (TERM, grace, KILL); a run's id stops every attempt of
         it. reason goes into their exit records."""
@@ -435,6 +458,44 @@ class HeldPush:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+
+class Samples:
+    """The lines of a host's `samples`, one dict each; `first` is the one that came with the call."""
+
+    def __init__(self, stream: Stream, label: str):
+        self._stream = stream
+        self._label = label
+        self._buf = b""
+        self.first: Optional[dict] = None
+
+    def next(self, timeout: float) -> dict:
+        """The next sample; TimeoutError if none within timeout; StreamClosed at the end."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            chunk = self._stream.read(1 << 16, left)
+            if not chunk:
+                if exit_code_of(self._stream) == EXIT_PROGRAM_MISSING:
+                    raise ProgramMissing()
+                tail = self._stream.stderr().decode("utf-8", "replace")[-300:]
+                raise StreamClosed(f"{self._label}: samples ended" + (f": {tail}" if tail else ""))
+            self._buf += chunk
+            if len(self._buf) > 1 << 22:
+                raise StreamClosed(f"{self._label}: a sample line longer than 4 MiB")
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            value = json.loads(line.decode())
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise StreamClosed(f"{self._label}: a sample that is not JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise StreamClosed(f"{self._label}: a sample that is not a JSON object")
+        return value
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 def _last_json(stdout: bytes) -> object:

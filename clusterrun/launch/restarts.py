@@ -58,8 +58,8 @@ def _why_not_due(job: Job, plan: LaunchPlan, outcome: RunOutcome, lost: Set[str]
     """Why no attempt follows, whatever hosts are left ("" when none was due); None: one may."""
     if not outcome.failed:
         return ""  # success, Ctrl-C, clusterrun stop, the time limit: never a restart
-    if job.launcher == "torchrun" and not lost:
-        return ""  # torchrun restarted its workers itself (--max-restarts) and gave up
+    if job.launcher == "torchrun" and not lost and not outcome.hung:
+        return ""  # torchrun restarted its workers itself (--max-restarts) and gave up (a hang it cannot see)
     if plan.attempt >= job.restarts:
         return (f"no restart left: {plan.attempt + 1} attempts made (job.restarts: {job.restarts})"
                 if job.restarts else "")

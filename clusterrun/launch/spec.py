@@ -15,6 +15,7 @@ def host_spec(inv: Inventory, plan: LaunchPlan, node: NodePlan, secrets: Mapping
               detached: bool = False) -> dict:
     spec = {"attempt_key": plan.attempt_key, "run_id": plan.run_id, "node_rank": node.node_rank, "node": node.host.name,
             "grace": inv.timeouts.grace, "fail_fast": True, "time_limit": time_left,
+            "hang_timeout": inv.job.hang_timeout_s,
             "secret_names": list(plan.secret_names),
             "peers": peers(inv, plan, node, peer_token, coordinator_port),
             "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": rank_env(plan, r, secrets)} for r in node.ranks]}

@@ -20,7 +20,7 @@ from typing import Dict, Iterator, Set, Tuple
 PKG = Path(__file__).resolve().parents[2] / "clusterrun"
 ARCHITECTURE = PKG.parent / "docs" / "architecture.md"
 CORE = ("clusterrun.config", "clusterrun.plan", "clusterrun.states", "clusterrun.errors", "clusterrun.events",
-        "clusterrun.outcome")
+        "clusterrun.stacks", "clusterrun.outcome")
 EDGES = ("clusterrun.launch", "clusterrun.hosts", "clusterrun.transport", "clusterrun.registry", "clusterrun.check",
          "clusterrun.sweep", "clusterrun.clean", "clusterrun.cli", "clusterrun.ui", "clusterrun.remote")
 PRINTERS = ("clusterrun.cli", "clusterrun.ui")
@@ -158,7 +158,7 @@ def test_host_program_is_stdlib_only_and_stands_alone():
 
 def test_folder_list_shows_the_design():
     top = sorted(p.stem for p in PKG.glob("*.py"))
-    assert top == ["__init__", "__main__", "errors", "events", "outcome", "plan", "states"], top
+    assert top == ["__init__", "__main__", "errors", "events", "outcome", "plan", "stacks", "states"], top
     packages = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").exists())
     assert packages == ["check", "clean", "cli", "config", "hosts", "launch", "registry", "remote", "sweep", "transport",
                         "ui"], packages
@@ -175,7 +175,7 @@ def folder_of(name: str) -> str:
 
 def may_import_table(text: str) -> Dict[str, Set[str]]:
     """folder → what it may import (folder names, or dotted module paths), from the page's folder table."""
-    core = {"config", "plan", "states", "errors", "events", "outcome"}
+    core = {"config", "plan", "states", "errors", "events", "stacks", "outcome"}
     rows: Dict[str, Set[str]] = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -102,6 +102,7 @@ NASTY = [
     line({"hello": 99, "nonce": 5, "done": "yes", "mac": ["x"]}),
     line({"failed": {"rank": 0}}) + line({"done": 1}),  # forged words, never authenticated
     line({"stop": "now"}),
+    line({"beat": 1.0, "quiet": 99999}) + line({"dumped": 1}),  # hang watch words, never authenticated
     b"\xff\xfe\x00garbage\n" * 10,
     b"x" * 70000,  # one line without end
     b"",
@@ -202,6 +203,8 @@ FORGED = [
     line({"stop": {"reason": "forged"}}),
     line({"stop": "not a dict"}),
     line({"stop": {"reason": ["x"]}}),
+    line({"welcome": 1, "mac": "0" * 64}) + line({"dump": {"reason": "forged"}}),  # no stacks for a stranger
+    line({"dump": {"reason": "forged"}}),
     b"[" * 100000 + b"\n",
     b"\xff\n",
 ]
@@ -216,7 +219,7 @@ def test_a_fake_coordinator_cannot_stop_or_crash_a_peer(script):
         fake.serve(script)
         time.sleep(0.5)
         assert ticker.raised == []
-        assert peer.stop_reason is None and not peer.authenticated
+        assert peer.stop_reason is None and peer.dump_reason is None and not peer.authenticated
     finally:
         ticker.stop()
         peer.close()
@@ -237,6 +240,35 @@ def test_random_words_from_a_fake_coordinator_change_nothing(payloads):
         ticker.stop()
         peer.close()
         fake.close()
+
+
+def test_the_hang_watchs_words_are_type_checked_and_a_dump_reaches_the_peer():
+    """A joined peer's quiet is heard; a quiet that is not a number drops that connection (and nothing
+    else: the peer joins again); the coordinator's dump request reaches the peer, whose dumped answer is
+    heard."""
+    logs = []
+    coordinator = P.Coordinator(conf(coordinator=True, expect=[1], allow=["127.0.0.1"]), logs.append)
+    peer = P.Peer(conf(addr="127.0.0.1", port=coordinator.port), 1, logs.append)
+    peer.quiet = lambda now: 42.0
+    ticker = Ticker(coordinator, peer)
+    try:
+        assert wait_until(lambda: coordinator.quiet_of(1, time.time()) is not None)
+        assert 42.0 <= coordinator.quiet_of(1, time.time()) < 45.0
+        coordinator.dump("hung: no output for 10m")
+        assert wait_until(lambda: peer.dump_reason == "hung: no output for 10m")
+        peer.send({"dumped": 1})
+        assert wait_until(lambda: coordinator.dumped == {1})
+        for bad in ({"beat": 1.0, "quiet": "soon"}, {"beat": 1.0, "quiet": -1}, {"beat": 1.0, "quiet": True},
+                    {"dumped": 7}):
+            joined = coordinator.peers[1]
+            peer.line.send(bad)
+            assert wait_until(lambda joined=joined: joined.closed), bad  # that connection goes; the peer joins again
+            assert wait_until(lambda: 1 in coordinator.peers and not coordinator.peers[1].closed and peer.authenticated)
+        assert ticker.raised == []
+    finally:
+        ticker.stop()
+        coordinator.close()
+        peer.close()
 
 
 def test_a_silent_coordinator_is_a_lost_host_after_host_lost():

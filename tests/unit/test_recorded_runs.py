@@ -97,7 +97,11 @@ def test_stop_without_a_run_stops_the_newest_live_one_and_never_rewrites_an_ende
 def test_logs_of_a_run_whose_host_folders_are_gone_answer_from_the_local_copy_at_once(project):
     run_id = launch(project)
     for host in ("a", "b"):  # as `clean` on another machine, or retention, would leave it
-        shutil.rmtree(project / f"work-{host}" / "runs" / run_id)
+        run_dir = project / f"work-{host}" / "runs" / run_id
+        deadline = time.monotonic() + 20  # the launch returns at the ranks' end; the supervisor's last
+        while not (run_dir / "done.json").exists() and time.monotonic() < deadline:  # write comes after
+            time.sleep(0.05)
+        shutil.rmtree(run_dir)
     t = time.monotonic()
     done = cli(project, "logs", run_id)
     took = time.monotonic() - t

@@ -85,3 +85,15 @@ def test_torchrun_restarts_its_own_workers_and_clusterrun_only_lost_hosts():
         new.nodes[0].torchrun[new.nodes[0].torchrun.index("--nnodes") + 1] == "2"
     first = plan.nodes[0].torchrun
     assert first[first.index("--nnodes") + 1] == "2:3" and first[first.index("--max-restarts") + 1] == "2"
+
+
+def test_a_hang_restarts_under_torchrun_too():
+    """torchrun restarts failed workers itself, but cannot see a hang: clusterrun makes the next attempt."""
+    from dataclasses import replace
+
+    inv = inventory(job="launcher: torchrun, restarts: 2")
+    plan = build_plan(inv, RUN, master_port=1234)
+    hung = replace(outcome(plan), reason="hung: no output for 10m; rank 1 on a in slow_loader (job.py:3)")
+    nxt, why = restarts.next_attempt(inv, plan, hung)
+    assert nxt is not None and nxt.hosts == (0, 1, 2), why
+    assert restarts.next_attempt(inv, plan, outcome(plan, failed=(1,)))[0] is None  # a plain failure: torchrun's

@@ -11,7 +11,9 @@ RUN is a run id, or RUN/attempt-K for attempt K of a run that restarted (an atte
   run/      running it
     start RUN               write the spec (0600) from stdin, fork a detached supervisor (supervisor.py, with
                             python_launcher.py or torchrun.py; peers.py: the supervisors among themselves;
-                            notify.py: rank 0's host's notify: commands when the run ends), print its state
+                            hang.py: job.hang_timeout), print its state; notify.py: rank 0's host's
+                            notify: commands when the run ends; every rank starts through
+                            bootstrap.py (its stacks on a signal, then the entry exactly as given)
     stop RUN GRACE [WHY]    TERM the ranks' process groups, wait GRACE, KILL; idempotent
   observe/  watching it
     follow RUN OFFSETS      stream log bytes from offsets, exit records and heartbeats as frames on stdout
@@ -19,6 +21,8 @@ RUN is a run id, or RUN/attempt-K for attempt K of a run that restarted (an atte
     cat RUN PATH            print a file of the run's job folder (results such as metrics.json)
     pull RUN                list the files PATHs select in the run's folder (sizes, modes, SHA-256), then send
                             the ones asked for, each from an offset (framed stdin/stdout; a cut pull resumes)
+    stacks RUN [--rank R]   every thread's stack of every rank here (py-spy, or the bootstrap's faulthandler)
+    samples RUN|- S N       this host's and its ranks' CPU, memory, network, GPUs: a JSON line every S seconds
   disk/     keeping the workdir clean
     runs                    list every run folder here: status, bytes, log sizes; the cache; free space
     clean                   remove the run folders named on stdin (re-checked), collect the cache

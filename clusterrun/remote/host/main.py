@@ -17,6 +17,8 @@ COMMANDS = {
     "status": ("observe.status", "cmd_status", "run"),
     "cat": ("observe.cat", "cmd_cat", "run"),
     "pull": ("observe.pull", "cmd_pull", "workdir+run"),
+    "stacks": ("observe.stacks", "cmd_stacks", "run"),
+    "samples": ("observe.samples", "cmd_samples", "workdir"),
     "runs": ("disk.runs", "cmd_runs", "workdir"),
     "clean": ("disk.clean", "cmd_clean", "workdir"),
     "free-port": ("net.free_port", "cmd_free_port", ""),

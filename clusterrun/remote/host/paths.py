@@ -1,5 +1,5 @@
 """Where a run's files are on this host: WORKDIR/runs/RUN (attempt K of a run in RUN/attempt-K, sharing
-RUN/job), and the per-rank log and exit files in each."""
+RUN/job), and the per-rank log, exit and stacks files in each."""
 
 import os
 
@@ -34,3 +34,14 @@ def exit_path(run_dir, rank):
 
 def log_path(run_dir, rank):
     return os.path.join(run_dir, "rank-%d.log" % rank)
+
+
+def stacks_dir(run_dir):
+    """Where the ranks' bootstrap dumps their stacks (run/bootstrap.py, observe/stacks.py)."""
+    return os.path.join(run_dir, "stacks")
+
+
+def stacks_file(run_dir, rank, pid=None):
+    """A rank's stacks file; pid: that of a process the rank forked (it dumps into a file of its own)."""
+    base = os.path.join(stacks_dir(run_dir), "rank-%d" % rank)
+    return base if pid is None else "%s.%d" % (base, pid)

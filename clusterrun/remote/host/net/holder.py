@@ -50,12 +50,21 @@ def _pid_of_socket(target):
     return None
 
 
+def _as_run(argv):
+    """A rank's command as the user wrote it: without the bootstrap every rank starts through
+    (`python .../run/bootstrap.py STACKS TRACER ENTRY...`, run/bootstrap.py)."""
+    if len(argv) > 4 and argv[1].endswith(b"/run/bootstrap.py"):
+        return argv[:1] + argv[4:]
+    return argv
+
+
 def _process(pid):
     """pid, command line and, for a rank (or torchrun) of a clusterrun run, its run id and rank."""
     found = {"pid": pid}
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as fh:
-            found["command"] = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+            argv = fh.read().split(b"\0")
+        found["command"] = b" ".join(_as_run(argv)).decode("utf-8", "replace").strip()[:200]
         with open("/proc/%d/environ" % pid, "rb") as fh:
             env = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
     except OSError:

@@ -17,11 +17,16 @@ Protocol (version 2), one JSON object per line of at most MAX_LINE bytes, both w
      token over the other end's fresh nonce, so neither a fake coordinator nor a replayed hello gets in;
      a peer acts on nothing the coordinator says before its proof checked out.
   then, both ways      {"beat": TIME}                                          every second
+                       (peer → coordinator, with job.hang_timeout: {"beat": TIME, "quiet": SECONDS}, how
+                       long since any running rank of the peer wrote to its log: hang.py)
   peer → coordinator   {"failed": {"rank": R, "exit_code": C, "signal": S}}   its first failed rank
                        {"done": NODE}                                          every rank of the peer ended
+                       {"dumped": NODE}                                        its ranks' stacks are taken
      (a peer that failed before it joined says done false in its hello, then its failure, then done: the
      coordinator must hear of the failure before it may stop waiting for the peer)
-  coordinator → peer   {"stop": {"reason": TEXT}}                              stop every rank now
+  coordinator → peer   {"dump": {"reason": TEXT}}                              take every rank's stacks now
+                                                                               (the run is hung: hang.py)
+                       {"stop": {"reason": TEXT}}                              stop every rank now
 Any line that is not one of these (bad JSON, too long or deep, a wrong type, a wrong proof) drops that
 connection and nothing else: a parse or protocol error never reaches the supervisor.
 
@@ -51,6 +56,7 @@ MAX_PENDING = 16  # unauthenticated connections at a time; more are closed at on
 MAX_LINE = 4096
 MAX_BRACKETS = 32  # a line with more `[` and `{` than this is not one of ours (and could nest too deep)
 MAX_REASON = 500
+MAX_QUIET = 1e9  # seconds: a quiet longer than this is not a number of ours
 NONCE_HEX = 32
 MAC_HEX = 64
 REFUSALS_LOGGED = 20
@@ -148,6 +154,10 @@ class Line:
                 pass
 
 
+def is_number(value, top):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= top
+
+
 def failure_of(msg):
     """{"rank", "exit_code", "signal"} of a peer's failed message, type-checked; ProtocolError otherwise."""
     f = msg["failed"]
@@ -182,6 +192,9 @@ class Coordinator:
         self.stop_reason = None
         self.last_beat = 0.0
         self.refused = 0
+        self.quiet = {}  # node_rank -> (seconds quiet as it said, when it said it): hang.py
+        self.dump_reason = None  # the hang watch asked every peer for its ranks' stacks
+        self.dumped = set()
 
     def stop(self, reason):
         """Tell every peer to stop (once)."""
@@ -189,6 +202,22 @@ class Coordinator:
             self.stop_reason = reason
             for line in self.peers.values():
                 line.send({"stop": {"reason": reason[:MAX_REASON]}})
+
+    def dump(self, reason):
+        """Ask every peer to take its ranks' stacks (once): the run is hung (hang.py)."""
+        if self.dump_reason is None:
+            self.dump_reason = reason
+            for line in self.peers.values():
+                line.send({"dump": {"reason": reason[:MAX_REASON]}})
+
+    def running_peers(self):
+        """Peers that joined and whose ranks may still run."""
+        return [n for n in self.peers if n not in self.done and n not in self.lost]
+
+    def quiet_of(self, node, now):
+        """Seconds since any running rank of that peer wrote a line, as of now (None: it never said)."""
+        said = self.quiet.get(node)
+        return None if said is None else said[0] + max(0.0, now - said[1])
 
     def tick(self, now):
         self._accept(now)
@@ -270,14 +299,15 @@ class Coordinator:
         if hello["done"]:  # its ranks all ended before it joined
             self.done.add(node)
         line.send({"welcome": node, "mac": coordinator_proof(self.token, self.run, node, hello["nonce"], nonce)})
+        if self.dump_reason is not None and self.stop_reason is None:
+            line.send({"dump": {"reason": self.dump_reason[:MAX_REASON]}})
         if self.stop_reason is not None:
             line.send({"stop": {"reason": self.stop_reason[:MAX_REASON]}})
 
     def _listen(self, node, line):
         for msg in line.receive():
             if "beat" in msg:
-                if not isinstance(msg["beat"], (int, float)) or isinstance(msg["beat"], bool):
-                    raise ProtocolError("a beat without a time")
+                self._beat(node, msg)
             elif "failed" in msg:
                 f = failure_of(msg)
                 if self.failure is None:
@@ -286,8 +316,20 @@ class Coordinator:
                 if msg["done"] != node:
                     raise ProtocolError("node %d said another node is done" % node)
                 self.done.add(node)
+            elif "dumped" in msg:
+                if msg["dumped"] != node:
+                    raise ProtocolError("node %d spoke for another node's stacks" % node)
+                self.dumped.add(node)
             else:
                 raise ProtocolError("an unknown message")
+
+    def _beat(self, node, msg):
+        if not isinstance(msg["beat"], (int, float)) or isinstance(msg["beat"], bool):
+            raise ProtocolError("a beat without a time")
+        if "quiet" in msg:
+            if not is_number(msg["quiet"], MAX_QUIET):
+                raise ProtocolError("a beat whose quiet is not a number of seconds")
+            self.quiet[node] = (float(msg["quiet"]), time.time())
 
     def waiting(self, now):
         """Whether peers may still run (the coordinator must stay up for them)."""
@@ -329,6 +371,8 @@ class Peer:
         self.said_done = False
         self.failure = None  # this host's first failure, to tell the coordinator (once joined)
         self.said_failure = False
+        self.quiet = None  # job.hang_timeout: a function (now) -> seconds this host's ranks have been quiet
+        self.dump_reason = None  # the coordinator asked for this host's ranks' stacks (hang.py)
 
     def tick(self, now):
         if self.gave_up or self._silent(now):
@@ -343,14 +387,23 @@ class Peer:
             self.log("dropped the coordinator's connection: %s: %s" % (type(exc).__name__, exc))
             self._drop()
             return
-        if self.authenticated and self.failure is not None and not self.said_failure:
-            self.line.send({"failed": self.failure})  # before the done: the coordinator may end on hearing it
+        if self.authenticated:
+            self._say(now)
+
+    def _say(self, now):
+        """What this host owes the coordinator: its failure (before its done: the coordinator may end on
+        hearing that), its done, its beat (with how long its ranks have been quiet, for the hang watch)."""
+        if self.failure is not None and not self.said_failure:
+            self.line.send({"failed": self.failure})
             self.said_failure = True
-        if self.authenticated and self.done and not self.said_done:
+        if self.done and not self.said_done:
             self.line.send({"done": self.node_rank})
             self.said_done = True
-        if self.authenticated and now - self.last_beat >= BEAT_EVERY:
-            self.line.send({"beat": now})
+        if now - self.last_beat >= BEAT_EVERY:
+            beat = {"beat": now}
+            if self.quiet is not None:
+                beat["quiet"] = round(min(MAX_QUIET, max(0.0, self.quiet(now))), 3)
+            self.line.send(beat)
             self.last_beat = now
 
     def _silent(self, now):
@@ -403,6 +456,12 @@ class Peer:
                 raise ProtocolError("a stop of the wrong shape")
             if self.stop_reason is None:
                 self.stop_reason = (stop.get("reason") or "stopped by rank 0's host")[:MAX_REASON]
+        elif "dump" in msg:
+            dump = msg["dump"]
+            if not isinstance(dump, dict) or not isinstance(dump.get("reason"), str):
+                raise ProtocolError("a dump of the wrong shape")
+            if self.dump_reason is None:
+                self.dump_reason = dump["reason"][:MAX_REASON]
         else:
             raise ProtocolError("an unknown message")
         self.last_heard = now

@@ -1,10 +1,11 @@
-"""launcher python: the supervisor starts one process per rank, each in its own process group (its pid)."""
+"""launcher python: the supervisor starts one process per rank, each in its own process group (its pid),
+through the bootstrap (bootstrap.py: stacks on a signal, then the rank's entry exactly as given)."""
 
 import os
 import subprocess
 import time
 
-from ..paths import job_dir, log_path
+from ..paths import job_dir, log_path, stacks_file
 from ..procs import die_with_parent, start_ticks
 from .supervisor import Supervisor
 
@@ -26,8 +27,9 @@ class RankSupervisor(Supervisor):
                 continue
             env = self.environment(r["env"])
             fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            argv = with_bootstrap(r["argv"], stacks_file(self.run_dir, rank), os.getpid())
             try:
-                proc = subprocess.Popen(r["argv"], cwd=job_dir(self.run_dir), env=env,
+                proc = subprocess.Popen(argv, cwd=job_dir(self.run_dir), env=env,
                                         stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                                         close_fds=True, preexec_fn=die_with_parent)
             except OSError as exc:
@@ -57,3 +59,15 @@ class RankSupervisor(Supervisor):
         if stopping:
             self.stopped.update(self.procs)
         return [proc.pid for proc in self.procs.values()]
+
+
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
+
+
+def with_bootstrap(argv, stacks, tracer):
+    """`python ENTRY...` as `python bootstrap.py STACKS TRACER ENTRY...`, where ENTRY is a script, -m or -c
+    (an interpreter option first, which the bootstrap would have to mimic too, is left as it is)."""
+    argv = list(argv)
+    if len(argv) < 2 or (argv[1].startswith("-") and argv[1] not in ("-m", "-c")):
+        return argv
+    return argv[:1] + [BOOTSTRAP, stacks, str(tracer)] + argv[1:]

@@ -9,7 +9,7 @@ import time
 
 from ..disk.lock import run_lock
 from ..files import read_json, write_json_atomic
-from ..paths import job_dir, run_root
+from ..paths import job_dir, run_root, stacks_dir
 from ..wire import Fail, reply
 from .python_launcher import RankSupervisor
 from .torchrun import TorchrunSupervisor
@@ -46,6 +46,7 @@ def _start_locked(run_dir, spec, lock):
     if os.path.exists(os.path.join(run_dir, "spec.json")):
         raise Fail("this run was already started on this host", "exists", run_dir)
     write_json_atomic(os.path.join(run_dir, "spec.json"), spec)
+    os.makedirs(stacks_dir(run_dir), 0o700, exist_ok=True)  # where the ranks' bootstrap dumps (bootstrap.py)
     sys.stdout.flush()
     pid = os.fork()  # the supervisor is this process's twin: no second interpreter start-up
     if pid == 0:

@@ -2,7 +2,8 @@
 
 Its promises hold with no controller alive: it enforces the run's time limit itself (stop reason
 "time-limit", the run ends with exit 4), and with the other hosts' supervisors (peers.py) it stops every
-rank on every host after the first failure anywhere, or when a host goes silent.
+rank on every host after the first failure anywhere, or when a host goes silent, or (job.hang_timeout,
+hang.py) when no rank anywhere has written a line for that long.
 """
 
 import os
@@ -16,6 +17,8 @@ from ..procs import MARKER_ENV, attempt_key, group_alive, process_marker, start_
 from ..secrets import scrub_run
 from ..wire import PROTOCOL
 from . import notify
+from .hang import HangWatch
+from .oom import OomWatch
 from .peers import Coordinator, Peer
 
 # Why a supervisor stopped its ranks (exit records carry it as "stop_reason").
@@ -47,6 +50,8 @@ class Supervisor:
         self.peer = Peer(peers, int(spec.get("node_rank", 0)), self.log) if peers.get("addr") else None
         self.told_failure = self.told_done = False
         self.mesh_errors = 0
+        self.hang = HangWatch.of(self)
+        self.oom = OomWatch()
 
     def environment(self, env):
         """What a process of this run gets: this host's environment, the spec's, the process marker, and a
@@ -140,6 +145,14 @@ class Supervisor:
                                  "started_at": None, "stopped": False}, **fields)
         if self.exits[rank]["stopped"] and self.stop_reason:
             self.exits[rank].setdefault("stop_reason", self.stop_reason)
+        if self.hang is not None:  # also a rank that failed once a hung peer was stopped: the run hung first
+            self.exits[rank].update(self.hang.exit_fields(rank))
+        if self.exits[rank]["signal"] == signal.SIGKILL and not self.exits[rank]["stopped"] \
+                and not self.exits[rank].get("error"):  # the OOM killer's? (oom.py)
+            torchrun = self.spec.get("launcher") == "torchrun"  # its pid is the shim's, not the worker's
+            why = self.oom.cause(None if torchrun else (self.ranks.get(str(rank)) or {}).get("pid"))
+            if why:
+                self.exits[rank]["error"] = why
         write_json_atomic(exit_path(self.run_dir, rank), self.exits[rank])
 
     def watch_group(self, pgid, now):
@@ -176,6 +189,10 @@ class Supervisor:
             return TIME_LIMIT
         if self.first_failure() is not None and self.spec.get("fail_fast", True):
             return FAILED
+        return (self.hang.tick(now) if self.hang is not None else None) or self.peers_say()
+
+    def peers_say(self):
+        """Why the other hosts' supervisors want every rank stopped, or None."""
         if self.coordinator is not None and self.coordinator.failure:
             self.log("stopping: %s" % self.coordinator.failure)
             return "failed elsewhere: %s" % self.coordinator.failure
@@ -195,6 +212,10 @@ class Supervisor:
         elif now - self.stopping_since >= self.grace:
             for pgid in self.groups(stopping=False):
                 killpg(pgid, signal.SIGKILL)
+
+    def running_ranks(self):
+        """The ranks here that started and have no exit record yet."""
+        return sorted(int(k) for k in self.ranks if int(k) not in self.exits)
 
     # for subclasses
     def start(self):

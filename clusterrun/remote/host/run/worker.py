@@ -3,7 +3,8 @@
 It is what lets a torchrun worker be a clusterrun rank: it learns the global rank torchrun's rendezvous
 gave it (RANK), sends the worker's output to RUN_DIR/rank-<RANK>.log (appended across torchrun's
 restarts), registers itself, then runs the user's entry (`script args` or `-m module args`) exactly as
-`python -u ENTRY` would, in a child, and reports how it ended:
+`python -u ENTRY` would, in a child (through bootstrap.py, which makes its stacks readable), and reports
+how it ended:
 
   RUN_DIR/workers/rank-<R>.json     {rank, local_rank, restart, pid, ticks, started_at}   (at start)
   RUN_DIR/workers/rank-<R>.result   {rank, restart, exit_code, signal, stopped, error, traceback,
@@ -100,7 +101,7 @@ def main(argv):
     write_json_atomic(os.path.join(workers, "rank-%d.json" % rank), {
         "rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "restart": restart, "pid": os.getpid(),
         "pgid": os.getpgid(0), "ticks": start_ticks(os.getpid()), "started_at": started})
-    pid = _spawn(entry)
+    pid = _spawn(_bootstrapped(run_dir, rank, entry))
     forwarded = _forward_signals(pid)
     code = _wait_exit_code(pid)
     message, trace = ("", "")
@@ -124,6 +125,19 @@ def _output_to(log):
     os.dup2(fd, 2)
     os.close(fd)
     return since
+
+
+def _bootstrapped(run_dir, rank, entry):
+    """`bootstrap.py STACKS TRACER ENTRY...` (stacks on a signal: bootstrap.py), TRACER the supervisor's pid."""
+    if not entry or (entry[0].startswith("-") and entry[0] not in ("-m", "-c")):
+        return list(entry)
+    boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
+    try:
+        with open(os.path.join(run_dir, "state.json")) as fh:
+            tracer = int(json.load(fh)["supervisor"]["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        tracer = 0
+    return [boot, os.path.join(run_dir, "stacks", "rank-%d" % rank), str(tracer)] + list(entry)
 
 
 def _spawn(entry):
