@@ -43,6 +43,8 @@ PAIRS = {  # section: (name, numerator method, denominator method, metric)
              ("rsync-unchanged/clusterrun-unchanged", "rsync-unchanged", "clusterrun-unchanged", "time"),
              ("scp-all/clusterrun-all", "scp-all", "clusterrun-all", "time"),
              ("rsync-all/clusterrun-all", "rsync-all", "clusterrun-all", "time")],
+    "claims": [("claims/no-claims", "claims", "no-claims", "time"),
+               ("cpu claims/no-claims", "claims", "no-claims", "total_cpu")],
 }
 FASTEST_OF = ("scp", "rsync", "sftp")
 
@@ -170,6 +172,15 @@ def evaluate(summary: Dict) -> List[dict]:
         r = get(summary, "training", h, "ratio", "clusterrun/by-hand")
         add("training ≥ 98% of by hand", h, r, None if r is None else r >= 0.98,
             "" if r is None else f"{100 * r:.1f}%")
+    for h in sorted(summary.get("claims", {}), key=int):  # bench/sections/claims.py (issue 25)
+        r = get(summary, "claims", h, "ratio", "claims/no-claims")
+        add("claiming the hosts adds ≤ 10% to a launch (claims on ÷ off, paired)", h, r,
+            None if r is None else r <= 1.1, tables.times(r))
+        r = get(summary, "claims", h, "ratio", "cpu claims/no-claims")
+        add("… and ≤ 10% CPU (controller + hosts)", h, r, None if r is None else r <= 1.1, tables.times(r))
+        t = get(summary, "claims", h, "handover", "time")
+        add("a waiting launch runs ≤ 2 s after the holder was stopped", h, t, None if t is None else t <= 2.0,
+            "" if t is None else f"{t:.2f} s")
     return rows
 
 

@@ -33,11 +33,11 @@ from bench.cluster import NAME, REPO, SUBNET, BenchCluster  # noqa: E402
 from bench.context import Context, repo_commit  # noqa: E402
 from bench.measure import Recorder  # noqa: E402
 from bench.sections import exec as exec_section  # noqa: E402
-from bench.sections import (launch, logs, profile, pull, push, relay, restarts, stacks, teardown,  # noqa: E402
-                            training)
+from bench.sections import (claims, launch, logs, profile, pull, push, relay, restarts, stacks,  # noqa: E402
+                            teardown, training)
 
 SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay", "pull",
-            "stacks")
+            "stacks", "claims")
 TRAINING_HOSTS = 4  # more ranks than this machine's cores would measure its scheduler, not the launcher
 
 
@@ -129,34 +129,27 @@ def meta(a: argparse.Namespace, argv) -> dict:
 def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: int, out: Path,
             profiles: list) -> bool:
     """One section at one size; False when it does not apply to this size."""
-    if name == "launch":
-        launch.run_section(ctx, reps)
-    elif name == "push":
-        push.run_section(ctx, reps, a.push_mb, a.push_files)
-    elif name == "logs":
-        logs.run_section(ctx, reps, a.log_lines, a.ticks, min(reps, a.delay_reps))
-    elif name == "teardown":
-        teardown.run_section(ctx, reps)
-    elif name == "training":
-        if hosts != TRAINING_HOSTS:
-            return False
-        training.run_section(ctx, a.train_reps)
-    elif name == "profile":
+    if name in ("training", "restarts") and hosts != TRAINING_HOSTS:
+        return False
+    if name == "profile":
         if hosts != max(a.host_list):
             return False
         profiles += profile.run_section(ctx, out, a.push_mb, a.push_files, a.log_lines)
-    elif name == "exec":
-        exec_section.run_section(ctx, reps)
-    elif name == "restarts":
-        if hosts != TRAINING_HOSTS:
-            return False
-        restarts.run_section(ctx, reps)
-    elif name == "relay":
-        relay.run_section(ctx, reps, a.push_mb, files=100)
-    elif name == "pull":
-        pull.run_section(ctx, reps, a.push_mb, a.push_files)
-    elif name == "stacks":
-        stacks.run_section(ctx, reps)
+        return True
+    sections = {
+        "launch": lambda: launch.run_section(ctx, reps),
+        "push": lambda: push.run_section(ctx, reps, a.push_mb, a.push_files),
+        "logs": lambda: logs.run_section(ctx, reps, a.log_lines, a.ticks, min(reps, a.delay_reps)),
+        "teardown": lambda: teardown.run_section(ctx, reps),
+        "training": lambda: training.run_section(ctx, a.train_reps),
+        "exec": lambda: exec_section.run_section(ctx, reps),
+        "restarts": lambda: restarts.run_section(ctx, reps),
+        "relay": lambda: relay.run_section(ctx, reps, a.push_mb, files=100),
+        "pull": lambda: pull.run_section(ctx, reps, a.push_mb, a.push_files),
+        "stacks": lambda: stacks.run_section(ctx, reps),
+        "claims": lambda: claims.run_section(ctx, reps),
+    }
+    sections[name]()
     return True
 
 

@@ -2,7 +2,7 @@
 
 Exit codes (README "Exit codes"): 0 success · 1 job failed, a rank was lost, or the job could not be
 pushed or started · 2 usage or inventory error · 3 connection, auth or host-key failure · 4 time limit ·
-130 interrupted.
+5 hosts busy (another run holds the slots or GPUs; nothing was pushed or started) · 130 interrupted.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CONNECT = 3
 EXIT_TIME_LIMIT = 4
+EXIT_BUSY = 5
 EXIT_INTERRUPTED = 130
 
 
@@ -180,6 +181,54 @@ class HostsFailed(ClusterrunError):
         for err in self.failures.values():
             lines.extend("  " + line for line in str(err).splitlines())
         return "\n".join(lines)
+
+
+class HostBusy(HostError):
+    """Another run holds (or waits ahead for) what this launch wants on the host (share/claims.py):
+    `holders` and `ahead` are the entries in the way, as the host reported them (hosts/claims.Holder)."""
+
+    exit_code = EXIT_BUSY
+    reason = "busy"
+
+    def __init__(self, host: str, message: str, *, holders: Sequence = (), ahead: Sequence = (), hint: str = ""):
+        self.holders = tuple(holders)
+        self.ahead = tuple(ahead)
+        super().__init__(host, message, hint=hint)
+
+
+class ClaimDropped(HostError):
+    """This host was free, but another host of the launch was not: its claim was given back."""
+
+    exit_code = EXIT_BUSY
+    reason = "not claimed"
+
+
+class HostsBusy(HostsFailed):
+    """The launch's hosts are not all free (exit 5): nothing was pushed or started anywhere. `failures`
+    holds the busy hosts only."""
+
+    def __init__(self, failures: Mapping[str, HostError], *, waited: Optional[float] = None):
+        self.waited = waited
+        super().__init__("claim", {n: e for n, e in failures.items() if isinstance(e, HostBusy)} or failures)
+
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        return EXIT_BUSY
+
+    def __str__(self) -> str:
+        n = len(self.failures)
+        head = f"still busy after waiting {self.waited:.0f} s" if self.waited is not None else "hosts busy"
+        lines = [f"{head}: {n} host{'s' if n != 1 else ''} held by other runs; nothing was pushed or started:"]
+        for err in self.failures.values():
+            lines.extend("  " + line for line in str(err).splitlines())
+        if self.waited is None:
+            lines.append("  (`clusterrun launch --wait` queues behind them; `clusterrun ps --hosts INVENTORY` "
+                         "lists every claim)")
+        return "\n".join(lines)
+
+
+class NotYourRun(UsageError):
+    """`stop` of a run someone else launched: refused, naming them."""
 
 
 class RunNotFound(UsageError):

@@ -68,6 +68,14 @@ class RankEnded:
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """launch --wait: where the launch stands in line on its hosts (hosts.claims.WaitStatus), whenever
+    that changes."""
+
+    status: object
+
+
+@dataclass(frozen=True)
 class Notice:
     text: str
     level: str = "info"  # info | warning | error

@@ -420,6 +420,11 @@ def detached(run_id: str) -> RunOutcome:
     return RunOutcome(run_id, RunState.RUNNING, 0, "detached")
 
 
+def queued(run_id: str) -> RunOutcome:
+    """launch --detach --wait with a host busy: the run waits on its hosts for its turn (not an end)."""
+    return RunOutcome(run_id, RunState.WAITING, 0, "waiting on its hosts for its turn")
+
+
 def attempt_not_started(run_id: str, ranks: Sequence[Any], exc: HostsFailed) -> RunOutcome:
     """An attempt that could not start on some hosts (ranks: its RankSpecs): those hosts count as lost
     (the next attempt goes on without them), the ranks elsewhere as stopped."""

@@ -18,7 +18,7 @@ import random
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import UsageError
 from .config import placeholders
@@ -37,6 +37,7 @@ TORCHRUN = ("-m", "torch.distributed.run")
 AUTO_PORT = "auto"
 IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # what network.ifname sets, unless env: does
 MASK = "***"
+GPU_ENV = "CUDA_VISIBLE_DEVICES"  # set to the GPUs the host's ranks claimed, in local-rank order
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,26 @@ class NodePlan:
     entry: Tuple[str, ...] = ()  # launcher torchrun: what each worker runs (script or -m module, args)
     env: Mapping[str, str] = field(default_factory=dict)  # launcher torchrun: the env torchrun gets
     index: int = -1  # the host's place in the inventory (its node rank in attempt 0)
+    gpus: Union[None, str, Tuple[int, ...]] = None  # the GPUs its ranks may claim (Host.gpus)
     network: Optional[NetChoice] = None
 
     @property
     def job_dir(self) -> str:
         return f"{self.run_dir}/job"
+
+    @property
+    def exact_gpus(self) -> Optional[Tuple[int, ...]]:
+        """The GPUs its ranks get, when the inventory names exactly one per rank (else chosen at launch)."""
+        return self.gpus if isinstance(self.gpus, tuple) and len(self.gpus) == len(self.ranks) else None
+
+    def gpu_text(self) -> str:
+        """What the dry run says of this host's GPUs."""
+        if self.gpus is None:
+            return "-"
+        if self.exact_gpus is not None:
+            return ",".join(str(i) for i in self.exact_gpus)
+        pool = "" if self.gpus == "auto" else " of " + ",".join(str(i) for i in self.gpus)
+        return f"<{len(self.ranks)} free GPUs{pool}, chosen at launch>"
 
 
 @dataclass(frozen=True)
@@ -192,7 +208,7 @@ def build_plan(inv: Inventory, run_id: str, *, master_port: Optional[int] = None
             ranks.append(_rank(inv, host, dict(values, rank=rank, local_rank=local_rank), port_text, net))
             rank += 1
         node = NodePlan(node_rank=node_rank, host=host, run_dir=run_dir_for(host, run_id), ranks=tuple(ranks),
-                        index=index, network=net)
+                        index=index, gpus=host.gpus, network=net)
         if inv.job.launcher == "torchrun":
             node = _torchrun_node(inv, node, values, port_text)
         nodes.append(node)
@@ -223,6 +239,8 @@ def _rank(inv: Inventory, host: Host, values: Mapping[str, object], port_text: s
     env: Dict[str, str] = {**SOFT_DEFAULT_ENV, **{k: placeholders.render(v, values) for k, v in host.env.items()}}
     env.update({name: net.ifname for name in net.env if net.ifname})
     env.update(_contract_env(inv, host, values, port_text))
+    if isinstance(host.gpus, tuple) and len(host.gpus) == host.slots:  # named exactly: no choice at launch
+        env[GPU_ENV] = ",".join(str(i) for i in host.gpus)
     flags = ("--rank", str(values["rank"]), "--world-size", str(values["world_size"])) if job.rank_flags else ()
     argv = (host.python, *job.entry, *flags, *(placeholders.render(a, values) for a in job.args))
     return RankSpec(rank=int(values["rank"]), local_rank=int(values["local_rank"]), node_rank=int(values["node_rank"]),
@@ -249,7 +267,7 @@ def _torchrun_node(inv: Inventory, node: NodePlan, values: Mapping[str, object],
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update({k: placeholders.render(v, values) for k, v in host.env.items()})
     return NodePlan(node_rank=node.node_rank, host=host, run_dir=node.run_dir, ranks=node.ranks, torchrun=torchrun,
-                    entry=entry, env=env, index=node.index, network=node.network)
+                    entry=entry, env=env, index=node.index, gpus=node.gpus, network=node.network)
 
 
 def setup_request(inv: Inventory, plan: LaunchPlan, node: NodePlan, files: Mapping[str, object],
@@ -294,12 +312,16 @@ def rank_env(plan: LaunchPlan, rank: RankSpec, secrets: Mapping[str, str]) -> Di
 def render_rank_command(plan: LaunchPlan, node: NodePlan, rank: RankSpec) -> str:
     """What a rank runs, as one shell line a user could paste on that host (secrets masked)."""
     env = [f"{k}={v}" for k, v in rank.env.items()] + [f"{k}={MASK}" for k in plan.secret_names]
+    if node.gpus is not None and GPU_ENV not in rank.env:
+        env.append(f"{GPU_ENV}={node.gpu_text()}")
     return f"cd {shell_path(node.job_dir)} && " + shlex.join(["env", *env, *rank.argv])
 
 
 def render_node_command(plan: LaunchPlan, node: NodePlan) -> str:
     """Under torchrun: what the host runs, as one shell line (secrets masked)."""
     env = [f"{k}={v}" for k, v in node.env.items()] + [f"{k}={MASK}" for k in plan.secret_names]
+    if node.gpus is not None and GPU_ENV not in node.env:
+        env.append(f"{GPU_ENV}={node.gpu_text()}")
     return f"cd {shell_path(node.job_dir)} && " + shlex.join(["env", *env, *node_command(node)])
 
 
@@ -317,6 +339,7 @@ def plan_to_dict(plan: LaunchPlan) -> dict:
         "launcher": plan.launcher, "attempt": plan.attempt,
         "nodes": [{"node_rank": n.node_rank, "index": n.index, "name": n.host.name, "host": n.host.host,
                    "connection": n.host.connection, "run_dir": n.run_dir,
+                   "gpus": list(n.gpus) if isinstance(n.gpus, tuple) else n.gpus,
                    **({"network": n.network.to_json()} if n.network else {}),
                    **({"command": list(node_command(n)), "env": dict(n.env)} if n.torchrun else {}),
                    "ranks": [{"rank": r.rank, "local_rank": r.local_rank, "argv": list(r.argv),

@@ -12,6 +12,7 @@ from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIME_LIMIT
 
 class RunState(str, Enum):
     STARTING = "starting"  # connecting, pushing, starting
+    WAITING = "waiting"  # launch --wait: queued for hosts other runs hold (share/claims.py)
     RUNNING = "running"
     UNREACHABLE = "unreachable"  # no controller, and a host could not be asked
     UNKNOWN = "unknown"  # stopped, but a host could not be reached to confirm

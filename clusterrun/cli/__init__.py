@@ -21,7 +21,8 @@ def group() -> None:
     """Launch PyTorch distributed training on the hosts of an inventory, over SSH.
 
     Exit codes: 0 success, 1 job failed or a rank was lost, 2 usage or inventory error,
-    3 connection/auth/host-key failure, 4 time limit, 130 interrupted.
+    3 connection/auth/host-key failure, 4 time limit, 5 hosts busy (other runs hold their slots or
+    GPUs; nothing was pushed or started), 130 interrupted.
     """
 
 

@@ -20,16 +20,25 @@ if TYPE_CHECKING:
 @click.option("--module", help="Run `python -m MODULE` in the pushed root instead (overrides job.script/module).")
 @click.option("--dry-run", is_flag=True, help="Show the rank table and each host's command; touch nothing.")
 @click.option("--detach", is_flag=True, help="Return once every rank has started; print the run id.")
+@click.option("--wait", is_flag=True, help="When other runs hold the hosts' slots or GPUs, queue for them "
+                                           "(first come, first served) instead of exiting 5.")
+@click.option("--wait-timeout", metavar="D", default=None, help="With --wait: give up after D (90s, 30m, 2h); exit 5.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
-def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run: bool, detach: bool,
-           as_json: bool, job_args: Sequence[str]) -> int:
+def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run: bool, detach: bool, wait: bool,
+           wait_timeout: Optional[str], as_json: bool, job_args: Sequence[str]) -> int:
     """Push the job to every host of INVENTORY, start all ranks, stream their logs, stop all on failure.
 
     Arguments after `--` replace job.args: clusterrun launch inv.yaml -- --epochs 3
+
+    Hosts are shared: a launch claims its slots and GPUs on every host first; when another run holds
+    them it exits 5 naming that run, or with --wait queues behind it.
     """
     from ..plan import new_run_id
 
+    timeout = _duration(wait_timeout) if wait_timeout is not None else None
+    if timeout is not None and not wait:
+        raise click.UsageError("--wait-timeout goes with --wait")
     inv = load(inventory, script, job_args, module=module)
     from ..config.inventory import check_job_files, with_rank_flags_decided
 
@@ -38,7 +47,16 @@ def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run
     run_id = new_run_id()
     if dry_run:  # shows secret names only, so it needs no values
         return _dry_run(inv, run_id, as_json)
-    return _launch(inv, run_id, secrets_of(inv), detach)
+    return _launch(inv, run_id, secrets_of(inv), detach, wait, timeout)
+
+
+def _duration(text: str) -> float:
+    from ..config.yaml_nodes import parse_duration
+
+    value = parse_duration(text)
+    if value is None or value <= 0:
+        raise click.BadParameter(f"{text!r} is not a duration such as 90s, 30m or 2h", param_hint="--wait-timeout")
+    return value
 
 
 def rank_flags_note(inv: "Inventory") -> str:
@@ -88,8 +106,11 @@ def _routes(inv: "Inventory") -> dict:
     return {h.name: ssh_target(h, options) for h in inv.hosts if h.connection == "ssh"}
 
 
-def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool) -> int:
+def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool, wait: bool = False,
+            wait_timeout: Optional[float] = None) -> int:
     from rich.text import Text
+
+    from ..errors import HostsBusy
 
     from ..hosts.client import make_connect
     from ..hosts.manifest import HashCache
@@ -108,7 +129,8 @@ def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool) -> int:
         retention.on_event(ev)
 
     runner = Runner(inv, run_id, store=registry, connect=make_connect(inv.timeouts), secrets=secrets,
-                    emit=emit, detach=detach, hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
+                    emit=emit, detach=detach, hash_cache=HashCache(os.path.join(registry.home, "hashes.json")),
+                    wait=wait, wait_timeout=wait_timeout)
     view.err.print(Text(f"run {run_id}: {sum(h.slots for h in inv.hosts)} ranks on {len(inv.hosts)} hosts",
                         style="bold"))
     if rank_flags_note(inv):
@@ -116,13 +138,21 @@ def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool) -> int:
     try:
         with forward_signals(runner.interrupt):
             outcome = runner.run()
+    except HostsBusy as exc:  # exit 5: who holds what, as a table, then the one line
+        view.close()
+        view.busy(exc)
+        return exc.exit_code
     finally:
         view.close()
-    if detach and outcome.state is RunState.RUNNING:
+    waiting = detach and outcome.state is RunState.WAITING  # --detach --wait: its hosts start it in its turn
+    if detach and (outcome.state is RunState.RUNNING or waiting):
         retention.start()
     view.outcome(outcome)
-    if detach and outcome.state is RunState.RUNNING:
+    if detach and (outcome.state is RunState.RUNNING or waiting):
         click.echo(run_id)
+        if waiting:
+            view.err.print(Text(f"queued: it waits on its hosts for its turn and starts by itself; "
+                                f"`clusterrun ps --hosts {inv.path}` shows the line", style="bold"))
         view.err.print(Text(f"detached: `clusterrun logs -f {run_id}`, `clusterrun ps`, `clusterrun stop {run_id}`",
                             style="dim"))
     return outcome.exit_code

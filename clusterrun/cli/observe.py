@@ -42,7 +42,7 @@ def stacks(run: Optional[str], ranks: Sequence[int], as_json: bool, via: str) ->
 @click.option("--interval", type=float, default=None, help="Seconds between samples (default 2; 1 with --once).")
 def top(target: Optional[str], once: bool, as_json: bool, interval: Optional[float]) -> int:
     """Live load of a run's hosts and ranks (TARGET: a run, default the latest), or of an INVENTORY's hosts
-    and which clusterrun runs hold them: CPU, load, memory, network, GPUs; per rank CPU, RSS and seconds
+    and which clusterrun runs hold them (any user's claims and who waits): CPU, load, memory, network, GPUs; per rank CPU, RSS and seconds
     since its last line, stragglers marked. Sampled on the hosts, one SSH connection each."""
     import os
     import sys
@@ -57,7 +57,7 @@ def top(target: Optional[str], once: bool, as_json: bool, interval: Optional[flo
         from .common import load
 
         inv = load(target)
-        run_id, targets, timeouts = "", [TopTarget(h, "-") for h in inv.hosts], inv.timeouts
+        run_id, targets, timeouts = "", [TopTarget(h, "-", h.claims_dir or "") for h in inv.hosts], inv.timeouts
         connect = make_connect(timeouts)
     else:
         from ..config.inventory import Timeouts

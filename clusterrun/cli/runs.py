@@ -25,8 +25,12 @@ def _complete_runs(ctx, param, incomplete):
 @click.option("-n", "--last", default=20, show_default=True, help="How many runs to list.")
 @click.option("--no-reconcile", is_flag=True, help="Only read the registry; do not ask hosts.")
 @click.option("--disk", is_flag=True, help="Also the bytes each run keeps on its hosts (logs, outputs).")
-def ps(as_json: bool, last: int, no_reconcile: bool, disk: bool) -> int:
+@click.option("--hosts", "hosts_of", metavar="INVENTORY", type=click.Path(dir_okay=False),
+              help="Instead: every claim and queue entry on INVENTORY's hosts, any user's (who holds what, who waits).")
+def ps(as_json: bool, last: int, no_reconcile: bool, disk: bool, hosts_of: Optional[str]) -> int:
     """List runs; runs whose controller is gone are brought up to date by asking their hosts."""
+    if hosts_of:
+        return _host_claims(hosts_of, as_json)
     registry = store()
     records = []
     for run_id in registry.ids(limit=last):
@@ -54,6 +58,26 @@ def ps(as_json: bool, last: int, no_reconcile: bool, disk: bool) -> int:
 
     show_runs(records, console(stderr=False), usage)
     return EXIT_OK
+
+
+def _host_claims(inventory: str, as_json: bool) -> int:
+    """`ps --hosts INVENTORY`: each host's claims folder, listed there (any user's entries)."""
+    from ..hosts.claims import list_claims
+    from ..hosts.client import make_connect
+    from .common import load
+
+    inv = load(inventory)
+    listing = list_claims(inv.hosts, make_connect(inv.timeouts))
+    if as_json:
+        click.echo(json.dumps({"hosts": {name: listing.results[name].to_json() for name in listing.names
+                                         if name in listing.results},
+                               "unreachable": {name: str(e) for name, e in listing.failed.items()}}, indent=2))
+    else:
+        from ..ui.console import console
+        from ..ui.tables import show_host_claims
+
+        show_host_claims(listing, console(stderr=False))
+    return EXIT_CONNECT if listing.failed else EXIT_OK
 
 
 @click.command()
@@ -150,14 +174,17 @@ def _closing_summary(record, secrets) -> int:
 @click.command()
 @click.argument("run", required=False, shell_complete=_complete_runs)
 @click.option("--grace", type=float, default=None, help="Seconds between TERM and KILL (default: the inventory's).")
-def stop(run: Optional[str], grace: Optional[float]) -> int:
+@click.option("--hosts", "hosts_of", metavar="INVENTORY", type=click.Path(dir_okay=False),
+              help="A run this registry does not know: look for it in the claims on INVENTORY's hosts.")
+def stop(run: Optional[str], grace: Optional[float], hosts_of: Optional[str]) -> int:
     """Stop every rank of RUN by its recorded process group (TERM, grace, KILL). Safe to repeat.
 
-    Without RUN: the newest run that is still running (or whose stop is pending on a host).
+    Without RUN: the newest run that is still running (or whose stop is pending on a host). Only your own
+    runs: someone else's is refused, naming them.
     """
     from rich.text import Text
 
-    from ..registry.runs import newest_open, reconcile, stop_run, still_open
+    from ..registry.runs import check_owner, newest_open, reconcile, stop_run, still_open
     from ..ui.console import console
 
     registry = store()
@@ -167,8 +194,10 @@ def stop(run: Optional[str], grace: Optional[float]) -> int:
         if record is None:
             err.print(Text(_nothing_running(registry), style="bold"))
             return EXIT_OK
+        check_owner(record)
     else:
-        record = registry.get(registry.resolve(run))
+        record = registry.get(_resolve(registry, run, hosts_of))
+        check_owner(record)  # before asking its hosts anything
         record, _ = reconcile(registry, record.id, connect_for(record))  # has it ended since it was recorded?
     if not still_open(record):
         err.print(Text(f"run {record.id} already ended ({_ended_text(record)}), nothing to stop", style="bold"))
@@ -188,6 +217,29 @@ def stop(run: Optional[str], grace: Optional[float]) -> int:
         err.print(Text("run `clusterrun stop` again once those hosts are reachable", style="yellow"))
         return EXIT_CONNECT
     return EXIT_OK
+
+
+def _resolve(registry, run: str, hosts_of: Optional[str]) -> str:
+    """The run id; one this registry does not know may be someone else's on the hosts (--hosts)."""
+    from ..errors import RunNotFound
+
+    try:
+        return registry.resolve(run)
+    except RunNotFound:
+        if hosts_of:
+            _refuse_foreign(hosts_of, run)
+        raise
+
+
+def _refuse_foreign(inventory: str, run: str) -> None:
+    """A run id this registry does not know: if the hosts' claims show it, say whose it is (NotYourRun)."""
+    from ..hosts.claims import list_claims, run_owner
+    from ..hosts.client import make_connect
+    from ..registry.runs import refuse_foreign
+    from .common import load
+
+    inv = load(inventory)
+    refuse_foreign(run, run_owner(list_claims(inv.hosts, make_connect(inv.timeouts)), run))
 
 
 def _ended_text(record) -> str:

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 
@@ -29,12 +29,15 @@ from .yaml_nodes import STR as STR_TAG
 from .yaml_nodes import NodeReader, compose
 
 HOST_KEYS = ("user", "port", "identity_file", "known_hosts", "host_key_policy", "python", "workdir",
-             "connection", "env", "proxy_jump", "slots")
+             "connection", "env", "proxy_jump", "slots", "gpus", "claims")
 HOST_ONLY_KEYS = ("name", "host", "addr", "network")
 TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace", "setup", "notify")
 TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts", "retention", "push", "network",
             "notify")
 RETENTION_KEYS = ("keep_runs", "max_age", "cache_max")
+CLAIMS_KEYS = ("dir", "slots")
+CLAIMS_DIR = "/tmp/clusterrun-claims"  # the host program's share/claims.DEFAULT_DIR
+GPU_MAX = 1023
 # where each key belongs, for one given in the wrong place (the first home wins: `port` is a host's)
 KEY_HOMES: Dict[str, str] = {}
 for _home, _keys in (("defaults", HOST_KEYS), ("job", JOB_KEYS), ("timeouts", TIMEOUT_KEYS),
@@ -71,6 +74,10 @@ class Host:
     env: Mapping[str, str]
     proxy_jump: Optional[str]
     source: str  # file:line:col of the entry, for messages found later
+    # the GPUs a run may claim here: None (none), "auto" (every GPU the host reports) or indices
+    gpus: Union[None, str, Tuple[int, ...]] = None
+    claims_dir: Optional[str] = None  # where runs claim this host's slots and GPUs (None: claims off)
+    claim_slots: Optional[int] = None  # slots the host offers all users together (None: its CPUs)
     ifname: str = "auto"  # network.ifname: auto (found at launch), none (torch's default) or an interface name
     ifname_key: str = ""  # where the inventory set it (hosts[1].network.ifname, network.ifname; "": the default)
 
@@ -133,19 +140,72 @@ def _read_host_settings(r: NodeReader, entries: Dict[str, Tuple[yaml.Node, yaml.
                                      check=lambda v: placeholders.check(v, per_worker_ok=r.context != "torchrun"))
         elif name == "proxy_jump":
             out[name] = r.string(vnode, path, pattern=JUMP_RE, what="ProxyJump spec ([user@]host[:port][,...])")
+        elif name == "gpus":
+            out[name] = _read_gpus(r, vnode, path)
+        elif name == "claims":
+            out[name] = _read_claims(r, vnode, path)
         elif name in HOST_KEYS:
             out[name] = r.string(vnode, path)
     return {k: v for k, v in out.items() if v is not None}
 
 
+def _read_gpus(r: NodeReader, node: yaml.Node, path: str) -> object:
+    """gpus: auto | none | [indices] (also "0,1"): "auto", "none" or a tuple of indices."""
+    if isinstance(node, yaml.ScalarNode) and node.tag == STR_TAG and node.value in ("auto", "none"):
+        return node.value
+    if isinstance(node, yaml.ScalarNode) and node.tag == STR_TAG and re.fullmatch(r"\d+(,\d+)*", node.value):
+        values = [int(v) for v in node.value.split(",")]
+    elif isinstance(node, yaml.SequenceNode):
+        values = [r.integer(item, f"{path}[{i}]", 0, GPU_MAX) for i, item in enumerate(node.value)]
+    else:
+        r.error(node, path, "expected auto, none or a list of GPU indices ([0, 1])")
+        return None
+    if any(v is None for v in values):
+        return None
+    if len(set(values)) != len(values) or not values:
+        r.error(node, path, "expected distinct GPU indices, at least one")
+        return None
+    return tuple(values)
+
+
+def _read_claims(r: NodeReader, node: yaml.Node, path: str) -> object:
+    """claims: off | {dir: PATH, slots: N}: ("off",) or (dir, slots)."""
+    if isinstance(node, yaml.ScalarNode) and (node.value in ("off", "false", "no") or
+                                              node.tag.endswith(":bool") and not yaml.safe_load(node.value)):
+        return ("off", None)
+    entries = r.mapping(node, path, CLAIMS_KEYS)
+    folder = r.string(entries["dir"][1], f"{path}.dir") if "dir" in entries else CLAIMS_DIR
+    slots = r.integer(entries["slots"][1], f"{path}.slots", 1, 1 << 20) if "slots" in entries else None
+    return (folder or CLAIMS_DIR, slots)
+
+
+def _visible_devices(value: str) -> Optional[Tuple[int, ...]]:
+    """CUDA_VISIBLE_DEVICES of a host's env: the indices it names (None for UUIDs or anything else)."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    return tuple(int(p) for p in parts) if parts and all(p.isdigit() for p in parts) else None
+
+
+def _gpus_of(merged: dict, backend: str) -> Union[None, str, Tuple[int, ...]]:
+    """What the host's runs may claim: gpus: as given, else the indices its env's CUDA_VISIBLE_DEVICES
+    names, else every GPU with nccl and none with gloo."""
+    given = merged.get("gpus")
+    if given is None and "CUDA_VISIBLE_DEVICES" in merged["env"]:
+        return _visible_devices(merged["env"]["CUDA_VISIBLE_DEVICES"])
+    if given is None:
+        return "auto" if backend == "nccl" else None
+    return None if given == "none" else given
+
+
 def _make_host(settings: dict, defaults: dict, local_python: str, source: str,
-               network: Optional[Tuple[str, str]] = None) -> Host:
+               network: Optional[Tuple[str, str]] = None, backend: str = "gloo") -> Host:
     merged = {**defaults, **settings}
     ifname, ifname_key = settings.get("network") or network or ("auto", "")
     merged["env"] = {**defaults.get("env", {}), **settings.get("env", {})}
     connection = merged.get("connection", "ssh")
     host = merged.get("host") or ("localhost" if connection == "local" else "")
     addr = merged.get("addr") or ("127.0.0.1" if connection == "local" else None)
+    # claims on by default over SSH (shared machines); a local host is this machine: on only when named
+    claims = merged.get("claims") or ((CLAIMS_DIR, None) if connection == "ssh" else ("off", None))
     return Host(
         name=merged.get("name") or host, host=host, addr=addr, slots=merged.get("slots", 1),
         connection=connection, user=merged.get("user"), port=merged.get("port"),
@@ -153,7 +213,8 @@ def _make_host(settings: dict, defaults: dict, local_python: str, source: str,
         host_key_policy=merged.get("host_key_policy", "strict"),
         python=merged.get("python") or ("python3" if connection == "ssh" else local_python),
         workdir=merged.get("workdir", "~/.clusterrun"), env=merged["env"], proxy_jump=merged.get("proxy_jump"),
-        source=source, ifname=ifname, ifname_key=ifname_key)
+        source=source, ifname=ifname, ifname_key=ifname_key, gpus=_gpus_of(merged, backend),
+        claims_dir=None if claims[0] == "off" else claims[0], claim_slots=claims[1])
 
 
 def _no_files(path: str) -> str:
@@ -178,8 +239,8 @@ def parse_inventory(text: str, file: str, *, local_python: str = sys.executable,
     if "defaults" in top:
         defaults = _read_host_settings(r, r.mapping(top["defaults"][1], "defaults", HOST_KEYS), "defaults")
     network = _read_network(r, top["network"][1], "network") if "network" in top else None
-    hosts = _read_hosts(r, top["hosts"][1], defaults, base_dir, local_python, read_text, network) \
-        if "hosts" in top else []
+    hosts = _read_hosts(r, top["hosts"][1], defaults, base_dir, local_python, read_text, network,
+                        job.backend) if "hosts" in top else []
     master_port = _read_master(r, top["master"][1]) if "master" in top else 29500
     secrets = tuple(r.string_list(top["secrets"][1], "secrets", pattern=ENV_NAME_RE,
                                   what="environment variable name")) if "secrets" in top else ()
@@ -225,7 +286,8 @@ def _port_fixed(top: Dict[str, Tuple[yaml.Node, yaml.Node]], master_port: Option
 
 
 def _read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, local_python: str,
-                read_text: Callable[[str], str], network: Optional[Tuple[str, str]] = None) -> List[Host]:
+                read_text: Callable[[str], str], network: Optional[Tuple[str, str]] = None,
+                backend: str = "gloo") -> List[Host]:
     if isinstance(hnode, yaml.ScalarNode) and hnode.tag == STR_TAG:
         path = os.path.join(base_dir, os.path.expanduser(hnode.value))
         try:
@@ -233,7 +295,7 @@ def _read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, 
         except OSError as exc:
             r.error(hnode, "hosts", f"cannot read hostfile {path}: {exc.strerror}")
             listed = []
-        return [_make_host(s, defaults, local_python, src, network) for s, src in listed]
+        return [_make_host(s, defaults, local_python, src, network, backend) for s, src in listed]
     if not isinstance(hnode, yaml.SequenceNode) or not hnode.value:
         r.error(hnode, "hosts", "expected a non-empty list of hosts (or the path of a hostfile)")
         return []
@@ -256,8 +318,20 @@ def _read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, 
         if "host" not in entries and {**defaults, **settings}.get("connection", "ssh") == "ssh":
             r.error(item, key, "missing required key 'host'")
         src = f"{r.file}:{item.start_mark.line + 1}:{item.start_mark.column + 1}"
-        hosts.append(_make_host(settings, defaults, local_python, src, network))
+        hosts.append(_make_host(settings, defaults, local_python, src, network, backend))
+        _check_gpus(r, item, key, {**defaults, **settings}, hosts[-1], backend)
     return hosts
+
+
+def _check_gpus(r: NodeReader, item: yaml.Node, key: str, merged: dict, host: Host, backend: str) -> None:
+    """gpus: and the env's CUDA_VISIBLE_DEVICES say the same thing twice; nccl wants a GPU per slot."""
+    env = {**merged.get("env", {})}
+    if "gpus" in merged and "CUDA_VISIBLE_DEVICES" in env:
+        r.error(item, f"{key}.gpus", "both gpus: and env CUDA_VISIBLE_DEVICES are set; keep gpus: (clusterrun "
+                                     "sets CUDA_VISIBLE_DEVICES to the GPUs each run claims)")
+    elif isinstance(host.gpus, tuple) and backend == "nccl" and len(host.gpus) < host.slots:
+        r.error(item, f"{key}.gpus", f"lists {len(host.gpus)} GPU{'s' if len(host.gpus) != 1 else ''} for slots: "
+                                     f"{host.slots}; with backend nccl every rank needs a GPU of its own")
 
 
 def _read_master(r: NodeReader, node: yaml.Node) -> Optional[int]:
@@ -418,7 +492,8 @@ def inventory_from_snapshot(data: dict) -> Inventory:
     for key in ("args", "sync", "exclude", "setup", "outputs", "ports"):
         if key in job:
             job[key] = tuple(job[key])
-    return Inventory(path=data["path"], hosts=tuple(Host(**h) for h in data["hosts"]),
+    return Inventory(path=data["path"], hosts=tuple(Host(**dict(h, gpus=tuple(h["gpus"]) if isinstance(
+        h.get("gpus"), list) else h.get("gpus"))) for h in data["hosts"]),
                      master_port=data["master_port"], job=Job(**job), secrets=tuple(data["secrets"]),
                      timeouts=Timeouts(**data["timeouts"]), master_port_fixed=data.get("master_port_fixed", False),
                      retention=Retention(**data.get("retention", {})), relay=data.get("relay", "auto"),

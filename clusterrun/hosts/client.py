@@ -10,7 +10,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 from ..config.inventory import Host, Timeouts
 from ..errors import (CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, SetupError,
@@ -147,6 +147,10 @@ class HostClient:
     def free_port(self) -> int:
         return int(self.call("free-port")["port"])
 
+    def claims(self, folders: Sequence[str]) -> dict:
+        """Every claim and queue entry in these claims folders, any user's (remote/host/share/claims.py)."""
+        return self.call("claims", *folders)
+
     def runs(self) -> dict:
         """Every run folder on this host: status (running, finished, receiving, unstarted), bytes, log
         sizes; the cache's size and the free space (remote/host/disk/runs.py)."""
@@ -165,10 +169,11 @@ class HostClient:
         args = [a for r in ranks for a in ("--rank", str(r))] + ["--via", via]
         return self.call("stacks", attempt_key, *args, timeout=self.timeouts.command)
 
-    def samples(self, target: str, interval: float, count: int = 0) -> "Samples":
-        """This host's load and its ranks' (target: an attempt key, or "-" for the host alone), sampled on
-        the host (remote/host/observe/samples.py): a JSON line every interval on one open channel."""
-        argv = self.argv("samples", target, f"{interval:g}", str(count))
+    def samples(self, target: str, interval: float, count: int = 0, claims_dir: str = "") -> "Samples":
+        """This host's load and its ranks' (target: an attempt key, or "-" for the host alone, with
+        claims_dir every user's claims there too), sampled on the host (remote/host/observe/samples.py): a
+        JSON line every interval on one open channel."""
+        argv = self.argv("samples", target, f"{interval:g}", str(count), *([claims_dir] if claims_dir else []))
         wait = interval + self.timeouts.command
 
         def attempt() -> "Samples":
@@ -233,27 +238,35 @@ class HostClient:
     def push(self, attempt_key: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None,
              want_port: bool = False, check_port: Optional[int] = None, master_addr: str = "",
              relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False,
-             hold: bool = True) -> "HeldPush":
+             hold: bool = True, claim: Optional[Tuple[dict, Any, int]] = None) -> "HeldPush":
         """Push the job and keep the channel for the start: one command per host for push and start.
         Dropping the HeldPush (abandon) makes the host remove the run it received; hold=False ends the
         command after the push instead (the run folder stays, unstarted; a later `start` starts it). The
         host also reports facts for the preflight (its Python; whether check_port is free). relay: (the
         push's chain, this host's place in it): objects may come from another host (hosts/relay.py); a
         push that fails tells the chain, so the other hosts stop waiting for this one. coordinator: rank
-        0's host binds the supervisors' meeting port now, so every host can be started at once."""
+        0's host binds the supervisors' meeting port now, so every host can be started at once. claim:
+        (the request, the launch's ClaimGroup, this host's place in it): the host claims its share before
+        any byte is sent, and every host's answer meets in the group (hosts/claims.py)."""
         try:
             result, stream, answer = self._with_program(lambda: self._push_once(
-                attempt_key, manifest, progress, hold, want_port, check_port, master_addr, relay, coordinator))
-        except BaseException:
+                attempt_key, manifest, progress, hold, want_port, check_port, master_addr, relay, coordinator,
+                claim))
+        except BaseException as exc:
             if relay is not None:
                 relay[0].fail(relay[1])
+            if claim is not None:
+                claim[1].fail(claim[2], f"{self.label}: {exc}")
             raise
-        return HeldPush(self, stream if hold else None, result, answer.get("port"), answer.get("facts") or {},
-                        answer.get("coordinator_port"))
+        held = HeldPush(self, stream if hold else None, result, answer.get("port"), answer.get("facts") or {},
+                        answer.get("coordinator_port"), claim=answer.get("claim"))
+        held.wait_port = answer.get("wait_port")
+        return held
 
     def _push_once(self, attempt_key: str, manifest: Manifest, progress: Callable[[int], None], hold: bool,
                    want_port: bool, check_port: Optional[int], master_addr: str,
-                   relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False):
+                   relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False,
+                   claim: Optional[Tuple[dict, Any, int]] = None):
         t0 = time.monotonic()
         stream = self.transport.open(self.argv("receive", attempt_key))
         timeout = self.timeouts.command
@@ -262,7 +275,9 @@ class HostClient:
             answer = self._offer(stream, {**manifest.wire(), "hold": hold, "free_port": want_port,
                                           "check_port": check_port, "master_addr": master_addr,
                                           "addr": self.host.master_addr, "relay": relay is not None,
-                                          "coordinator": coordinator})
+                                          "coordinator": coordinator, "claim": claim[0] if claim else None})
+            if claim is not None:
+                answer = self._claim(stream, answer, claim[1], claim[2])
             self._raise_push_error(answer)
             sent = self._send_missing(stream, manifest, answer, relay, progress)
             result = read_msg(stream, timeout)
@@ -290,6 +305,32 @@ class HostClient:
             if exit_code_of(stream) == EXIT_PROGRAM_MISSING:
                 raise ProgramMissing() from None
             raise
+
+    def _claim(self, stream: Stream, answer: dict, group: Any, index: int) -> dict:
+        """The claim exchange (remote/host/share/session.py), until the launch's verdict lets the push go
+        on: the push's first answer, with the host's claim (or, --detach --wait, its place in line)."""
+        timeout = self.timeouts.command
+        round_no = 0
+        while True:
+            if "error" in answer:
+                group.fail(index, f"{self.label}: {answer['error']}")
+                return answer
+            kind, info = _claim_kind(answer)
+            verdict = group.answer(index, round_no, kind, info)
+            if verdict in ("go", "handoff"):
+                stream.write(pack_msg({"confirm": True} if verdict == "go" else {"queue": True}), timeout)
+                return answer
+            if verdict == "requeue":  # it was free, another host was not: back in line
+                stream.write(pack_msg({"requeue": True}), timeout)
+                group.status(index, read_msg(stream, timeout)["queued"])
+            while True:  # in line: ask how it stands until every host would say yes, then try again
+                action, next_round = group.next_action(index)
+                stream.write(pack_msg({action: True}), timeout)
+                answer = read_msg(stream, timeout)
+                if action == "try":
+                    round_no = next_round
+                    break
+                group.status(index, answer["queued"])
 
     def _raise_push_error(self, answer: dict) -> None:
         if "error" in answer:
@@ -395,9 +436,11 @@ class HeldPush:
     """A host that has the job and waits, on the same channel, for the word to start it."""
 
     def __init__(self, client: HostClient, stream: Stream, result: PushResult, port: Optional[int], facts: dict,
-                 coordinator_port: Optional[int] = None):
+                 coordinator_port: Optional[int] = None, claim: Optional[dict] = None):
         self.client = client
         self.result = result
+        self.claim = claim  # what the host took ({"granted": GPUs, ...}), or its place in line ({"queued"})
+        self.wait_port: Optional[int] = None  # --detach --wait, rank 0's host: where the other waiters join
         self.port = port  # a free port on the host, when asked for
         self.coordinator_port = coordinator_port  # rank 0's host: where the other supervisors join it
         self.facts = facts  # for the preflight: {"python", "executable", "net"[, "port"]} (push/receive.py host_facts)
@@ -419,6 +462,26 @@ class HeldPush:
         if "error" in answer:
             raise StartError(label, answer["error"])
         return answer["state"]
+
+    def wait(self, spec: dict, mesh: dict) -> dict:
+        """--detach --wait: hand the job to a detached waiter on the host, which starts it with this spec when
+        its turn comes (remote/host/share/waiter.py; mesh: how the hosts' waiters meet)."""
+        stream, self._stream = self._stream, None
+        label, timeout = self.client.label, self.client.timeouts.command
+        try:
+            stream.write(pack_msg({"wait": {"spec": spec, "mesh": mesh}}), timeout)
+            answer = read_msg(stream, timeout)
+        except TimeoutError:
+            raise CommandTimeout(label, f"wait: no answer within {timeout:g} s") from None
+        except StreamClosed as exc:
+            tail = stream.stderr().decode("utf-8", "replace").strip()[-500:]
+            raise ConnectError(label, f"connection lost while handing the job to its waiter: {exc}"
+                                      + (f": {tail}" if tail else "")) from None
+        finally:
+            stream.close()
+        if "error" in answer:
+            raise StartError(label, answer["error"])
+        return answer["waiting"]
 
     def setup(self, request: dict, on_output: Callable[[str], None], silence_s: float) -> SetupResult:
         """Run job.setup on the host (remote/host/push/job_setup.py), its output to on_output as it comes; a failing
@@ -496,6 +559,18 @@ class Samples:
 
     def close(self) -> None:
         self._stream.close()
+
+
+def _claim_kind(answer: dict) -> Tuple[str, dict]:
+    """What a host's claim answer is: busy, queued (in line), or granted (the first answer, claim taken)."""
+    if "busy" in answer:
+        return "busy", answer["busy"]
+    if "queued" in answer:
+        return "queued", answer["queued"]
+    claim = answer.get("claim") or {}
+    if "queued" in claim:  # --detach --wait: the push goes on while it waits in line
+        return "queued", claim["queued"]
+    return "granted", claim
 
 
 def _last_json(stdout: bytes) -> object:

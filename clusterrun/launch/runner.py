@@ -19,8 +19,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from ..config.inventory import Host, Inventory, inventory_snapshot
 from ..config.sizes import size_text
 from .. import outcome
-from ..errors import ClusterrunError, ConnectError, HostsFailed
-from ..events import HostDone, HostProgress, Notice, Phase
+from ..errors import ClaimDropped, ClusterrunError, ConnectError, HostBusy, HostsBusy, HostsFailed
+from ..events import HostDone, HostProgress, Notice, Phase, Waiting
+from ..hosts.claims import ClaimGroup, WaitStatus, claim_request, start_claim, wait_mesh, who
 from ..hosts.client import HeldPush, HostClient
 from ..hosts.forward import Forwarder, PortSpec, banner
 from ..hosts.group import GroupResult, background, fan_out
@@ -48,7 +49,8 @@ class Interrupted(Exception):
 class Runner:
     def __init__(self, inv: Inventory, run_id: str, *, store: RunStore, connect: Connect,
                  secrets: Mapping[str, str], emit: Callable[[object], None], detach: bool = False,
-                 hash_cache: Optional[HashCache] = None, checks: Callable = preflight):
+                 hash_cache: Optional[HashCache] = None, checks: Callable = preflight, wait: bool = False,
+                 wait_timeout: Optional[float] = None):
         self.inv = inv
         self.run_id = run_id
         self.store = store
@@ -72,6 +74,15 @@ class Runner:
         self._coordinator_port: Optional[int] = None
         self._started: List[int] = []
         self._plan: Optional[LaunchPlan] = None  # the attempt being launched or followed
+        # claims on the hosts' slots and GPUs (hosts/claims.py): one launch's place in line on every host
+        self._wait, self._wait_timeout = wait, wait_timeout
+        self._ticket = (time.time(), run_id)
+        self._claims: Optional[ClaimGroup] = None
+        self._claim_requests: Dict[int, dict] = {}  # by inventory index; hosts with claims off have none
+        self._gpus: Dict[int, Tuple[int, ...]] = {}  # the GPUs each host's claim took
+        self._waited = False
+        self._handoff = False  # --detach --wait with a host busy: the hosts' waiters start it in its turn
+        self._wait_port: Optional[int] = None  # where they meet (rank 0's host, bound during the push)
         self._network: Dict[int, dict] = {}  # by inventory index: the interface its push found (plan.net_choice)
         self._forwarding: Optional[Tuple[List[bool], Future]] = None  # job.ports: (stop flag, the loop)
 
@@ -102,10 +113,14 @@ class Runner:
             plan = self._plan = self._preflight(plan)
             if self.inv.job.setup:
                 self._phase("setup", lambda: self._setup_all(plan, manifest.result()))
-            self._phase("start", lambda: self._start_all(plan))
+            self._handoff = self._claims is not None and self._claims.handed_off
+            self._phase("wait" if self._handoff else "start", lambda: self._start_all(plan))
             if self._detach:
-                self.store.update_run(self.run_id, state=RunState.RUNNING, detached=1, controller=None)
-                return self._timed(outcome.detached(self.run_id))
+                # no controller from now on; who launched it stays on record (`stop` refuses anyone else)
+                ident = controller_identity()
+                self.store.update_run(self.run_id, state=RunState.WAITING if self._handoff else RunState.RUNNING,
+                                      detached=1, controller={"host": ident["host"], "user": ident["user"]})
+                return self._timed(outcome.queued(self.run_id) if self._handoff else outcome.detached(self.run_id))
             self.store.update_run(self.run_id, state=RunState.RUNNING)
             self._forward_ports()
             result = self._invoke_run(plan)
@@ -123,6 +138,8 @@ class Runner:
         finally:
             self._stop_forwards()
             self._closing = True
+            if self._claims is not None:
+                self._claims.abort()  # a push thread still waiting in line stops waiting
             self._abandon_held()
             with self._lock:
                 clients = list(self._clients.values())
@@ -322,13 +339,17 @@ class Runner:
         self._emit(Phase("connect"))
 
         relay = relay_for_push(self.inv.relay, len(plan.nodes), self.inv.timeouts)  # hosts pass the push on
+        claims = self._claims = self._claim_group(plan)
+        announced: List[bool] = []
 
         def prepare(node: NodePlan) -> None:
             try:
                 self._connect_node(node)
-            except BaseException:
+            except BaseException as exc:
                 if relay is not None:  # never arrives: the other hosts stop waiting for it
                     relay.fail(node.node_rank)
+                if claims is not None:
+                    claims.fail(0, f"{node.host.name}: {exc}")
                 raise
             connected.append(time.monotonic())
             self._push(node, manifest.result(), plan, relay if relay is not None and
@@ -340,15 +361,61 @@ class Runner:
             if len(connected) == len(plan.nodes) and len(self._phases) == 0:
                 self._phases.append(("connect", max(connected) - t0))
                 self._emit(Phase("push"))
+            if claims is not None and claims.wait_seconds and self._waited and not announced:
+                announced.append(True)  # its turn came: the push proper starts now
+                self._drain()
+                self._emit(Phase("push", f"after waiting {claims.wait_seconds:.0f} s"))
 
         try:
             self._fan_out("prepare", plan.nodes, prepare, watch=watch)
         except HostsFailed as exc:
-            kinds = {"connect" if isinstance(e, ConnectError) else "push" for e in exc.failures.values()}
-            raise HostsFailed(" and ".join(sorted(kinds, reverse=False)), exc.failures) from None
+            raise self._prepare_failed(exc) from None
         watch()
-        self._phases.append(("push", time.monotonic() - t0 - self._phases[0][1]))
+        waited = claims.wait_seconds if claims is not None else 0.0
+        if waited:  # launch --wait: the time in line is not the push's
+            self._phases.append(("wait", waited))
+        self._phases.append(("push", time.monotonic() - t0 - self._phases[0][1] - waited))
         self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
+
+    def _prepare_failed(self, exc: HostsFailed) -> HostsFailed:
+        """Busy hosts (exit 5, who holds what), else the hosts that failed; a host that only gave its claim
+        back because of another host is not one of them."""
+        failures = {n: e for n, e in exc.failures.items() if not isinstance(e, ClaimDropped)} or exc.failures
+        if any(isinstance(e, HostBusy) for e in failures.values()) or \
+                all(isinstance(e, ClaimDropped) for e in failures.values()):
+            waited = self._claims.waited if self._claims is not None and self._wait else None
+            return HostsBusy(failures, waited=waited)
+        kinds = {"connect" if isinstance(e, ConnectError) else "push" for e in failures.values()}
+        return HostsFailed(" and ".join(sorted(kinds, reverse=False)), failures)
+
+    def _claim_group(self, plan: LaunchPlan) -> Optional[ClaimGroup]:
+        """Where every host's push meets with its claim answer; None when no host claims."""
+        by = who()
+        for node in plan.nodes:
+            request = claim_request(self.inv, plan, node, ticket=self._ticket, wait=self._wait, detach=self._detach,
+                                    by=by)
+            if request is not None:
+                self._claim_requests[node.index] = request
+        if not self._claim_requests:
+            return None
+        names = [n.host.name for n in plan.nodes if n.index in self._claim_requests]
+        return ClaimGroup(names, wait=self._wait, detach=self._detach, wait_timeout=self._wait_timeout,
+                          notify=self._on_wait)
+
+    def _on_wait(self, status: WaitStatus) -> None:
+        """From a push thread: the launch's place in line changed."""
+        if not self._waited:
+            self._waited = True
+            self.store.update_run(self.run_id, state=RunState.WAITING)
+            self._post(Phase("wait"))
+        self._post(Waiting(status))
+
+    def _claim_of(self, plan: LaunchPlan, node: NodePlan):
+        """(request, group, place) for this host's push, or None where it does not claim."""
+        if self._claims is None or node.index not in self._claim_requests:
+            return None
+        seat = [n.index for n in plan.nodes if n.index in self._claim_requests].index(node.index)
+        return self._claim_requests[node.index], self._claims, seat
 
     # -------------------------------------------------------------- fan-out
 
@@ -429,15 +496,22 @@ class Runner:
         held = self._client(node.index).push(
             self.run_id, manifest, progress, want_port=rank0 and plan.master_port is None,
             check_port=plan.master_port if rank0 else None, master_addr=plan.master_addr,
-            relay=(relay, node.node_rank) if relay is not None else None, coordinator=rank0 and len(plan.nodes) > 1)
+            relay=(relay, node.node_rank) if relay is not None else None, coordinator=rank0 and len(plan.nodes) > 1,
+            claim=self._claim_of(plan, node))
+        if self._waited:
+            self.store.update_run(self.run_id, state=RunState.STARTING)
         with self._lock:
             self._held[node.node_rank] = held
+            if held.claim and held.claim.get("granted"):
+                self._gpus[node.index] = tuple(held.claim["granted"])
             if rank0:  # every host can be started at once: rank 0's host already listens for the others
                 self._coordinator_port = held.coordinator_port
+                self._wait_port = held.wait_port
         result = held.result
         self.store.update_host(self.run_id, node.index, state=HostState.PUSHED, pushed_bytes=result.sent_bytes,
                                push_seconds=round(result.seconds, 4), relayed_bytes=result.relayed)
-        self._post(HostDone("push", node.host.name, time.monotonic() - t, sent=result.sent_bytes, total=total,
+        waited = self._claims.wait_seconds if self._claims is not None else 0.0  # its time in line is not the push's
+        self._post(HostDone("push", node.host.name, time.monotonic() - t - waited, sent=result.sent_bytes, total=total,
                              relayed=result.relayed, files=result.files))
         for note in result.relay_notes:
             self._post(Notice(f"{node.host.name}: relay push: {note}; the rest came directly", "warning"))
@@ -447,11 +521,22 @@ class Runner:
 
     def _spec(self, plan: LaunchPlan, node: NodePlan) -> dict:
         left = None if plan.time_limit_s is None else max(1.0, plan.time_limit_s - self._elapsed())
+        gpus = self._gpus.get(node.index, ())
         return host_spec(self.inv, plan, node, self._secrets, time_left=left, peer_token=self._peer_token,
-                         coordinator_port=self._coordinator_port, detached=self._detach)
+                         coordinator_port=self._coordinator_port, detached=self._detach, gpus=gpus,
+                         claim=start_claim(self.inv, plan, self._claim_requests.get(node.index), gpus,
+                                           detached=self._detach))
 
     def _start_node(self, plan: LaunchPlan, node: NodePlan) -> None:
         t = time.monotonic()
+        if plan.attempt == 0 and self._handoff:  # --detach --wait: its waiter starts it in its turn
+            with self._lock:
+                held = self._held.pop(node.node_rank)
+            left = None if self._wait_timeout is None else max(1.0, self._wait_timeout - self._elapsed())
+            held.wait(self._spec(plan, node), wait_mesh(self.inv, plan, node, token=self._peer_token,
+                                                        port=self._wait_port, timeout=left))
+            self._post(HostDone("wait", node.host.name, time.monotonic() - t))
+            return
         if plan.attempt == 0:  # on the channel that pushed the job
             with self._lock:
                 held = self._held.pop(node.node_rank)

@@ -4,25 +4,31 @@ way to the host's 0600 spec file."""
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from ..config.inventory import Inventory
-from ..plan import PER_WORKER_ENV, LaunchPlan, NodePlan, rank_env
+from ..plan import GPU_ENV, PER_WORKER_ENV, LaunchPlan, NodePlan, rank_env
 
 
 def host_spec(inv: Inventory, plan: LaunchPlan, node: NodePlan, secrets: Mapping[str, str], *,
               time_left: Optional[float], peer_token: str, coordinator_port: Optional[int],
-              detached: bool = False) -> dict:
+              detached: bool = False, gpus: Optional[Sequence[int]] = None, claim: Optional[dict] = None) -> dict:
+    """gpus: the ones the host's claim took (its ranks see them, in local-rank order, as
+    CUDA_VISIBLE_DEVICES); claim: what the supervisor adopts (hosts/claims.start_claim)."""
+    extra = {GPU_ENV: ",".join(str(i) for i in gpus)} if gpus else {}
     spec = {"attempt_key": plan.attempt_key, "run_id": plan.run_id, "node_rank": node.node_rank, "node": node.host.name,
             "grace": inv.timeouts.grace, "fail_fast": True, "time_limit": time_left,
             "hang_timeout": inv.job.hang_timeout_s,
             "secret_names": list(plan.secret_names),
             "peers": peers(inv, plan, node, peer_token, coordinator_port),
-            "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": rank_env(plan, r, secrets)} for r in node.ranks]}
+            "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": {**rank_env(plan, r, secrets), **extra}}
+                      for r in node.ranks]}
     if node.torchrun:  # one torchrun for the host; the ranks are the ones expected here
         values = {name: secrets[name] for name in plan.secret_names}
         spec.update({"launcher": "torchrun", "command": list(node.torchrun), "entry": list(node.entry),
-                     "env": {**node.env, **values}, "ranks": [{"rank": r.rank} for r in node.ranks]})
+                     "env": {**node.env, **values, **extra}, "ranks": [{"rank": r.rank} for r in node.ranks]})
+    if claim is not None:
+        spec["claim"] = claim
     if inv.notify and node.node_rank == 0:
         spec["notify"] = notify_conf(inv, plan, node, detached)
     return spec

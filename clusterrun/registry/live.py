@@ -85,6 +85,7 @@ class TopTarget:
 
     host: Host
     target: str
+    claims_dir: str = ""  # "-" only: the host's claims folder, so every user's claims come with the samples
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class TopView:
 
     run_id: str  # "" for an inventory's hosts
     hosts: Tuple[dict, ...]  # {"name", "cpu_pct", "cores", "load1", "mem_used", "mem_total", "net_rx", "net_tx",
-    #                            "gpus", "runs"?, "error"?}
+    #                            "gpus", "runs"?, "claims"?, "error"?}
     ranks: Tuple[dict, ...]  # {"rank", "host", "state", "cpu_pct", "rss", "rss_children", "children",
     #                            "last_output_s", "straggler"}
 
@@ -123,7 +124,8 @@ def top_view(run_id: str, targets: Sequence[TopTarget], samples: Dict[str, objec
             continue
         h = sample.get("host") or {}
         hosts.append({"name": t.host.name, **{k: h.get(k) for k in HOST_FIELDS},
-                      **({"runs": sample.get("runs") or []} if t.target == "-" else {})})
+                      **({"runs": sample.get("runs") or [], "claims": sample.get("claims") or []}
+                         if t.target == "-" else {})})
         ranks += [{**r, "host": t.host.name} for r in sample.get("ranks") or () if isinstance(r, dict)]
     ranks.sort(key=lambda r: r.get("rank", 0))
     marks = stragglers(ranks)
@@ -185,7 +187,7 @@ def watch_top(run_id: str, targets: Sequence[TopTarget], connect: Connect, *, in
 
     def stream(t: TopTarget) -> None:
         client = clients[t.host.name] = connect(t.host)
-        samples = client.samples(t.target, interval, 1 if once else 0)
+        samples = client.samples(t.target, interval, 1 if once else 0, t.claims_dir)
         try:
             events.put((t.host.name, samples.first))
             while not once and not stop_flag:

@@ -11,7 +11,7 @@ from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional, 
 
 from .. import outcome
 from ..config.inventory import Host, Inventory, inventory_from_snapshot
-from ..errors import HostError, UsageError
+from ..errors import HostError, NotYourRun, UsageError
 from ..events import LogLines, RankSeen, Stuck
 from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RunGone
@@ -20,7 +20,7 @@ from ..hosts.logs import LineSplitter, tail_lines
 from ..outcome import RankResult, RunOutcome
 from ..plan import attempt_key
 from ..states import Cleanup, HostState, RankState, RunState
-from .store import RunRecord, RunStore, controller_alive
+from .store import RunRecord, RunStore, controller_alive, login, owner_of
 
 Connect = Callable[[Host], HostClient]
 
@@ -79,21 +79,27 @@ def reconcile(store: RunStore, run_id: str, connect: Connect) -> Tuple[RunRecord
     _, nodes = nodes_of(record)
     key = attempt_key(run_id, record.attempt)
     asked = on_hosts(nodes, connect, lambda node, client: client.status(key), thread_name="status")
+    waiting = False
     for node in nodes:
         if node.host.name in asked.results:
-            _take_status(store, run_id, node, asked.results[node.host.name])
+            waiting = _take_status(store, run_id, node, asked.results[node.host.name]) or waiting
     if not record.terminal:
         _mark_waiting_hosts(store, run_id)
-        conclude(store, run_id, open_state=RunState.RUNNING if asked.ok else RunState.UNREACHABLE,
-                 verdict=outcome.reconciled)
+        open_state = RunState.WAITING if waiting else RunState.RUNNING if asked.ok else RunState.UNREACHABLE
+        conclude(store, run_id, open_state=open_state, verdict=outcome.reconciled)
     return store.get(run_id), asked.failed
 
 
-def _take_status(store: RunStore, run_id: str, node: Node, answer: dict) -> None:
-    if not answer.get("started"):  # the controller died before starting this host: it never will
+def _take_status(store: RunStore, run_id: str, node: Node, answer: dict) -> bool:
+    """A host's status answer into the record; True when the run still waits there for its turn."""
+    if answer.get("waiting"):  # --detach --wait: its waiter holds the job until the hosts are free
+        return True
+    if not answer.get("started"):  # the controller died before starting this host (or it gave up waiting)
+        if answer.get("gave_up"):
+            store.update_run(run_id, reason=f"gave up waiting for its turn: {answer['gave_up']}")
         for rank in node.ranks:
             store.update_rank(run_id, rank, state=RankState.NOT_STARTED)
-        return
+        return False
     ranks = answer["ranks"]
     _record_exits(store, run_id, node, {r: i["exit"] for r, i in ranks.items() if i.get("exit")}, answer.get("now"))
     for rank, info in ranks.items():
@@ -101,6 +107,7 @@ def _take_status(store: RunStore, run_id: str, node: Node, answer: dict) -> None
             store.update_rank(run_id, int(rank), state=RankState.RUNNING)
     if answer.get("done"):
         store.update_host(run_id, node.index, state=HostState.DONE)
+    return False
 
 
 def _mark_waiting_hosts(store: RunStore, run_id: str) -> None:
@@ -113,6 +120,29 @@ def _mark_waiting_hosts(store: RunStore, run_id: str) -> None:
     for h in record.hosts:
         if h.name in running:
             store.update_host(run_id, h.node_rank, cleanup=Cleanup.PENDING)
+
+
+def check_owner(record: RunRecord) -> None:
+    """`stop` of a run someone else launched (a registry several people share) is refused, naming them."""
+    owner = owner_of(record)
+    if owner and owner != login():
+        raise NotYourRun(f"run {record.id} was launched by {owner} (on {(record.controller or {}).get('host', '?')}), "
+                         f"not by you ({login()}): clusterrun stops only your own runs; ask {owner}")
+
+
+def refuse_foreign(run: str, entries: Sequence) -> None:
+    """A run this registry does not know but the hosts' claims show (entries: hosts.claims.Holder):
+    refused, naming whose it is; nothing is asked of the hosts beyond the listing."""
+    if not entries:
+        return
+    e = entries[0]
+    hosts = ", ".join(sorted({x.host for x in entries}))
+    me = login()
+    whose = f"{e.user}'s (launched by {e.by or '?'})" if e.by.split("@")[0] != me or e.user != me else \
+        f"yours, but launched from {e.by} (another machine's registry)"
+    raise NotYourRun(f"run {e.run} on {hosts} is {whose}, {e.state if e.kind == 'claim' else 'waiting'} since "
+                     f"{time.strftime('%H:%M:%S', time.localtime(e.since))}: clusterrun stops only the runs of "
+                     "this registry; stop it from where it was launched" + (f", or ask {e.user}" if e.user != me else ""))
 
 
 def still_open(record: RunRecord) -> bool:

@@ -9,6 +9,7 @@ from a RunOutcome (outcome.py decides; the store keeps).
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ from .records import HostRecord, RunRecord
 PULLED = "outputs"  # runs/RUN/outputs/: what `pull` brought back (kept when the record is pruned)
 
 __all__ = ["RunStore", "RunRecord", "HostRecord", "StateError", "state_dir", "controller_identity",
-           "controller_alive"]
+           "controller_alive", "login", "owner_of"]
 
 
 def state_dir() -> str:
@@ -38,8 +39,20 @@ def state_dir() -> str:
 
 
 def controller_identity() -> dict:
-    """Who is launching: enough to tell later whether that controller still runs."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "ticks": start_ticks(os.getpid())}
+    """Who is launching: enough to tell later whether that controller still runs, and whose run it is."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "ticks": start_ticks(os.getpid()), "user": login()}
+
+
+def login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
+def owner_of(record: "RunRecord") -> str:
+    """Who launched the run ("" when the record does not say: made before it was kept)."""
+    return str((record.controller or {}).get("user") or "")
 
 
 def controller_alive(ident: Optional[dict]) -> bool:

@@ -191,7 +191,9 @@ def points_in(state: SweepState, points: Iterable[Point]) -> List[dict]:
 
 
 class PointRunner:
-    """Runs one point as an ordinary run (registry, logs, teardown) and fetches rank 0's metrics file."""
+    """Runs one point as an ordinary run (registry, logs, teardown) and fetches rank 0's metrics file.
+    Each point launches with --wait semantics: on shared hosts it queues behind other people's runs
+    (and a point of another sweep), first come first served, instead of failing busy."""
 
     def __init__(self, *, store, secrets: Dict[str, str], emit: Callable[[object], None], metrics_path: str,
                  hash_cache=None):
@@ -216,7 +218,7 @@ class PointRunner:
         connect = make_connect(inv.timeouts)
         run_id = new_run_id()
         self.current = Runner(inv, run_id, store=self.store, connect=connect, secrets=self.secrets, emit=self.emit,
-                              hash_cache=self.hash_cache)
+                              hash_cache=self.hash_cache, wait=True)
         try:
             outcome = self.current.run()
         finally:

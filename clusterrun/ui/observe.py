@@ -110,10 +110,10 @@ def _hosts_table(view):
     hosts = Table(title=f"run {view.run_id}" if view.run_id else "hosts", title_justify="left")
     inventory_mode = any("runs" in h for h in view.hosts)
     for col in ("host", "CPU", "load", "memory", "net rx/tx MB/s", "GPUs (util, memory)") + \
-            (("clusterrun runs",) if inventory_mode else ()):
+            (("clusterrun runs (claims, waiting)",) if inventory_mode else ()):
         hosts.add_column(col)
     for h in view.hosts:
-        runs = [", ".join(h.get("runs") or []) or "-"] if inventory_mode else []
+        runs = [_holders(h)] if inventory_mode else []
         if h.get("error"):
             hosts.add_row(h["name"], Text(h["error"][:100], style="red"), "", "", "", "", *runs)
             continue
@@ -121,6 +121,23 @@ def _hosts_table(view):
         hosts.add_row(h["name"], _num(h.get("cpu_pct"), ".0f", "%"), _num(h.get("load1"), ".2f"),
                       f"{_size(h.get('mem_used'))}/{_size(h.get('mem_total'))}", net, _gpus(h.get("gpus")), *runs)
     return hosts
+
+
+def _holders(h: dict) -> str:
+    """A host's runs in top's inventory view: every user's claims (`alice: 2026…-ab12 2 slots, GPUs 0,1`),
+    who waits (`bob waits #1: 2026…-cd34`), and this user's runs without a claim (claims off)."""
+    claims = [c for c in h.get("claims") or () if isinstance(c, dict)]
+    held = [c for c in claims if c.get("kind") != "queue"]
+    waiting = sorted((c for c in claims if c.get("kind") == "queue"), key=lambda c: c.get("ticket") or [0, ""])
+    parts = []
+    for c in held:
+        gpus = c.get("gpus")
+        gpu = f", GPUs {','.join(map(str, gpus))}" if isinstance(gpus, list) and gpus else ""
+        parts.append(f"{c.get('user')}: {c.get('run')} {c.get('slots')} slot{'s' if c.get('slots') != 1 else ''}{gpu}")
+    parts += [f"{c.get('user')} waits #{n}: {c.get('run')}" for n, c in enumerate(waiting, 1)]
+    claimed = {str(c.get("run")) for c in claims}
+    parts += [r for r in h.get("runs") or () if r.split("/")[0] not in claimed]
+    return "\n".join(parts) or "-"
 
 
 def _ranks_table(view):

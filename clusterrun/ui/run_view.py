@@ -11,7 +11,7 @@ from typing import Dict, Iterable, Optional
 
 from rich.text import Text
 
-from ..events import HostDone, HostProgress, LogLines, Notice, Phase, RankEnded
+from ..events import HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Waiting
 from ..outcome import RunOutcome, hint_for
 from ..states import RankState, RunState
 from ..config.sizes import size_text
@@ -97,6 +97,22 @@ class RunView:
         elif isinstance(ev, Notice):
             style = {"error": "bold red", "warning": "yellow"}.get(ev.level, "")
             self.err.print(Text(ev.text, style=style))
+        elif isinstance(ev, Waiting):
+            self._on_waiting(ev)
+
+    def _on_waiting(self, ev: Waiting) -> None:
+        """launch --wait: a line each time its place in line changes (what it waits for, on which host)."""
+        from .tables import wait_line
+
+        line = wait_line(ev.status)
+        target = self._progress.console if self._progress is not None else self.err
+        target.print(Text(line, style="yellow"))
+
+    def busy(self, exc) -> None:
+        """Exit 5: who holds what on each busy host."""
+        from .tables import show_busy
+
+        show_busy(exc, self.err)
 
     def _refresh(self) -> None:
         if self._progress is not None and self._task is not None and self._phase is not None:
@@ -106,11 +122,15 @@ class RunView:
 
     def _end_phase(self) -> None:
         """One line for the phase that ended (the same on a terminal and in a pipe)."""
-        if self._phase is not None and self._phase.name != "run" and not self.quiet:
+        if self._phase is not None and self._phase.name == "wait" and not self.quiet:  # launch --wait: in line
+            self.err.print(Text(f"waited {time.monotonic() - self._phase.started:.0f} s for its turn", style="dim"))
+        elif self._phase is not None and self._phase.name != "run" and not self.quiet:
             self.err.print(Text(self._phase.line(), style="dim"))
         self._phase = None
 
     def _on_phase(self, ev: Phase) -> None:
+        if ev.name == "wait" and self._phase is not None and not self._phase.done:
+            self._phase = None  # no host has pushed yet: the push's line comes after the wait
         self._end_phase()
         self._phase = _PhaseTally(ev.name)
         if ev.name == "run":
@@ -154,7 +174,7 @@ class RunView:
 
     def outcome(self, outcome: RunOutcome) -> None:
         self.close()
-        if outcome.state is RunState.RUNNING:
+        if outcome.state in (RunState.RUNNING, RunState.WAITING):
             return
         if outcome.root_cause is not None:
             self._root_cause(outcome)

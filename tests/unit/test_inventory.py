@@ -281,3 +281,41 @@ def test_a_missing_job_file_names_job_root_and_where_the_file_is(tmp_path, monke
     assert f"job.script: {tmp_path / 'repo' / 'my_train.py'} does not exist (job paths are relative to job.root, " \
            f"{tmp_path / 'repo'})" in text
     assert f"it is in {elsewhere}: leave job.root out" in text
+
+
+def test_gpus_and_claims_per_host_with_their_defaults():
+    inv = parse("""\
+        version: 1
+        defaults: {claims: {slots: 4}}
+        hosts:
+          - {name: a, host: a, slots: 2, gpus: [0, 1]}
+          - {name: b, host: b, slots: 2, gpus: auto, claims: {dir: /var/tmp/claims}}
+          - {name: c, host: c, slots: 1, claims: off}
+          - {name: d, host: d, slots: 2, env: {CUDA_VISIBLE_DEVICES: "2,3"}}
+          - {name: e, host: e, connection: local}
+        job: {script: t.py, backend: nccl}
+        """)
+    a, b, c, d, e = inv.hosts
+    assert (a.gpus, a.claims_dir, a.claim_slots) == ((0, 1), "/tmp/clusterrun-claims", 4)
+    assert (b.gpus, b.claims_dir, b.claim_slots) == ("auto", "/var/tmp/claims", None)
+    assert (c.gpus, c.claims_dir) == ("auto", None)  # nccl: every GPU the host reports; claims off
+    assert d.gpus == (2, 3)  # the env's CUDA_VISIBLE_DEVICES names them
+    assert e.claims_dir == "/tmp/clusterrun-claims"  # defaults: said so for every host
+    gloo = parse("version: 1\nhosts: [{host: a}, {name: here, connection: local}]\njob: {script: t.py}\n")
+    assert gloo.hosts[0].gpus is None and gloo.hosts[0].claims_dir == "/tmp/clusterrun-claims"
+    assert gloo.hosts[1].claims_dir is None  # this machine: claims only when the inventory says where
+    assert inventory_from_snapshot(inventory_snapshot(inv)) == inv
+
+
+@pytest.mark.parametrize("host, expected", [
+    ("{host: a, gpus: [0, 0]}", "hosts[0].gpus: expected distinct GPU indices"),
+    ("{host: a, gpus: yes}", "hosts[0].gpus: expected auto, none or a list"),
+    ("{host: a, gpus: [-1]}", "hosts[0].gpus[0]: must be an integer from 0"),
+    ("{host: a, slots: 2, gpus: [0]}", "hosts[0].gpus: lists 1 GPU for slots: 2"),
+    ("{host: a, gpus: [0], env: {CUDA_VISIBLE_DEVICES: '0'}}", "hosts[0].gpus: both gpus: and env"),
+    ("{host: a, claims: {slots: 0}}", "hosts[0].claims.slots: must be an integer from 1"),
+    ("{host: a, claims: {where: /x}}", "hosts[0].claims.where: unknown key"),
+])
+def test_gpus_and_claims_mistakes_name_the_key(host, expected):
+    found = problems(f"version: 1\nhosts: [{host}]\njob: {{script: t.py, backend: nccl}}\n")
+    assert any(expected in p for p in found), found

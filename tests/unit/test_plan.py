@@ -109,3 +109,26 @@ def test_run_dir_keeps_tilde_for_the_host_to_expand():
     assert plan.nodes[0].run_dir == f"~/.clusterrun/runs/{RUN}"
     line = render_rank_command(plan, plan.nodes[0], plan.ranks[0])
     assert line.startswith(f"cd ~/{shlex.quote(f'.clusterrun/runs/{RUN}/job')} && env ")
+
+
+def test_dry_run_shows_each_hosts_cuda_visible_devices():
+    """Named GPUs go into every rank's env in local-rank order; `auto` says they are chosen at launch."""
+    from rich.console import Console
+
+    from clusterrun.ui.tables import show_plan
+
+    inv = inventory(hosts="[{host: a, slots: 2, gpus: [2, 3]}, {host: b, slots: 2, gpus: auto},"
+                          " {host: c, slots: 1, gpus: [0, 1, 5]}]")
+    plan = build_plan(inv, RUN)
+    a, b, c = plan.nodes
+    assert [r.env["CUDA_VISIBLE_DEVICES"] for r in a.ranks] == ["2,3", "2,3"]
+    assert "CUDA_VISIBLE_DEVICES" not in b.ranks[0].env and "CUDA_VISIBLE_DEVICES" not in c.ranks[0].env
+    assert [n["gpus"] for n in plan_to_dict(plan)["nodes"]] == [[2, 3], "auto", [0, 1, 5]]
+    out = Console(width=200, record=True, color_system=None)
+    show_plan(plan, out)
+    text = out.export_text()
+    assert "# a: CUDA_VISIBLE_DEVICES=2,3 (claimed in /tmp/clusterrun-claims)" in text
+    assert "# b: CUDA_VISIBLE_DEVICES=<2 free GPUs, chosen at launch>" in text
+    assert "# c: CUDA_VISIBLE_DEVICES=<1 free GPUs of 0,1,5, chosen at launch>" in text
+    assert "cuda:1 = GPU 3" in text
+    assert "CUDA_VISIBLE_DEVICES=2,3 /usr/bin/python3" in render_rank_command(plan, a, a.ranks[1])

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from clusterrun.errors import AuthError, ConnectError, HostsFailed
+from clusterrun.errors import AuthError, ConnectError, HostsBusy, HostsFailed
 from clusterrun.events import LogLines, Notice, RankEnded
 from clusterrun.hosts.wire import Frame
 from clusterrun.hosts.client import PushResult
@@ -62,9 +62,11 @@ class FakeHost:
 
 
 class FakeHeld:
-    def __init__(self, host, result, port, coordinator_port=None):
+    def __init__(self, host, result, port, coordinator_port=None, claim=None):
         self.h, self.result, self.port, self.coordinator_port = host, result, port, coordinator_port
         self.facts = {"python": "3.11.2", "executable": "/usr/bin/python3"}
+        self.claim = claim
+        self.wait_port = None
 
     def start(self, spec):
         self.h.world.calls.append(("start-begin", self.h.name))
@@ -82,11 +84,19 @@ class FakeAgent:
         self.h = host
 
     def push(self, run_id, manifest, progress=lambda n: None, want_port=False, check_port=None, master_addr="",
-             relay=None, coordinator=False):
+             relay=None, coordinator=False, claim=None):
         self.h.world.calls.append(("push", self.h.name))
+        self.h.claim = claim
+        granted = None
+        if claim is not None:  # as hosts/client.py: the host's answer meets the others' in the group
+            request, group, seat = claim
+            busy = self.h.world.busy.get(self.h.name)
+            info = {"holders": [busy]} if busy else {"granted": self.h.world.gpus.get(self.h.name, [])}
+            group.answer(seat, 0, "busy" if busy else "granted", info)
+            granted = info
         progress(manifest.total_bytes)
         return FakeHeld(self.h, PushResult(manifest.total_bytes, 1, len(manifest.files), 0.0),
-                        41234 if want_port else None, 50000 if coordinator else None)
+                        41234 if want_port else None, 50000 if coordinator else None, claim=granted)
 
     def follow(self, run_id, offsets, once=False):
         return FakeStream(self.h)
@@ -130,6 +140,8 @@ class World:
         self.fail_connect = dict(fail_connect)
         self.store = RunStore(str(tmp_path / "state"))
         self.events = []
+        self.busy = {}  # host name -> the claim another run holds there
+        self.gpus = {}  # host name -> the GPUs its claim takes
 
     def connect(self, host):
         if host.name in self.fail_connect:
@@ -317,8 +329,8 @@ def test_the_interface_each_push_found_reaches_that_hosts_ranks_and_the_record(t
     found = {"a": "eth1", "b": "ib0", "c": None}
     plain = FakeHeld.__init__
 
-    def with_net(self, host, *args):  # what remote/host/net/ifaces.find answers in the push's facts
-        plain(self, host, *args)
+    def with_net(self, host, *args, **kw):  # what remote/host/net/ifaces.find answers in the push's facts
+        plain(self, host, *args, **kw)
         self.facts = {**self.facts, "net": {"ifname": found[host.name], "why": f"{found[host.name]} carries it",
                                             "interfaces": [{"name": "eth1", "addrs": ["10.1.0.9"]}]}}
 
@@ -452,3 +464,37 @@ def test_a_stopped_or_interrupted_run_never_restarts(tmp_path):
     t.join(10)
     assert out["outcome"].exit_code == 130
     assert not any(c[0] == "start-attempt" for c in w.calls)
+
+
+CLAIMING = INV.replace("workdir: /w/a,", "workdir: /w/a, claims: {dir: /c/a}, gpus: auto,").replace(
+    "workdir: /w/b}", "workdir: /w/b, claims: {dir: /c/b}}")
+
+
+def test_a_busy_host_fails_the_launch_with_exit_5_before_anything_starts(tmp_path):
+    w = World(CLAIMING, tmp_path)
+    w.busy["b"] = {"kind": "claim", "user": "bob", "by": "bob@laptop", "run": "20261130-235959-beef", "node": "b",
+                   "slots": 1, "gpus": [], "since": time.time(), "state": "running"}
+    with pytest.raises(HostsBusy) as info:
+        w.runner().run()
+    assert info.value.exit_code == 5 and list(info.value.failures) == ["b"]  # a, free, is not blamed
+    assert "held by bob (bob@laptop) run 20261130-235959-beef" in str(info.value)
+    assert not any(c[0].startswith("start") for c in w.calls)
+    assert ("abandon", "c") in w.calls  # c (no claims) had its push: dropped; a's claim went with its stream
+    record = w.store.get("20261130-000000-abcd")
+    assert (record.state, record.exit_code) == ("failed", 5)
+
+
+def test_the_gpus_a_host_claimed_reach_its_ranks_and_its_supervisor(tmp_path):
+    w = World(CLAIMING, tmp_path)
+    w.gpus["a"] = [3, 5]
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    spec = w.hosts["a"].spec
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in spec["ranks"]] == ["3,5", "3,5"]
+    assert spec["claim"]["taken_gpus"] == [3, 5] and spec["claim"]["dir"] == "/c/a"
+    assert "claim" in w.hosts["b"].spec and "claim" not in w.hosts["c"].spec  # c: claims off (local)
+    for h in w.hosts.values():
+        for r in h.ranks:
+            h.exit(r, code=0)
+    t.join(10)
+    assert out["outcome"].exit_code == 0

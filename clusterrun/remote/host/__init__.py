@@ -32,6 +32,10 @@ RUN is a run id, or RUN/attempt-K for attempt K of a run that restarted (an atte
                             stdin/stdout); ifaces.py: the interface the ranks use (network.ifname);
                             holder.py: who listens on a port (the push's preflight facts, and `check`'s probe);
                             claimed.py: a live run here whose rank 0 will serve a port it has not bound yet
+  share/    sharing the host with other people's runs
+    claims DIR...           list every claim and queue entry in these claims folders (any user's)
+                            (claims.py: the folder, its files and the rule; a push claims through
+                            session.py; gpus.py: nvidia-smi; waiter.py: a `--detach --wait` launch's turn)
 
 Shared by them: wire.py (answers, framed messages, `Fail`), files.py (atomic JSON state files), paths.py
 (where a run's files are), runstate.py (a run's state read back from its files), procs.py (is this pid

@@ -23,6 +23,7 @@ COMMANDS = {
     "clean": ("disk.clean", "cmd_clean", "workdir"),
     "free-port": ("net.free_port", "cmd_free_port", ""),
     "bandwidth": ("net.bandwidth", "cmd_bandwidth", ""),
+    "claims": ("share.claims", "cmd_claims", ""),
 }
 # commands that do not answer a JSON line: receive and pull speak framed messages, follow frames
 FAIL_AS = {"receive": send_msg, "pull": send_msg, "follow": fail_frame}

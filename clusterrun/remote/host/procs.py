@@ -44,6 +44,33 @@ def same_process(pid, ticks):
     return now == ticks
 
 
+def exists(pid, ticks):
+    """same_process for anyone's process: /proc/PID/stat is readable for every user's (a signal is not),
+    so another user's recorded process can be told alive or gone. None where /proc hides other users'
+    processes (mounted hidepid) and pid is not ours to see: nobody can tell."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    fields = _stat(pid)
+    if fields is None:
+        if not os.path.exists("/proc/self/stat"):  # no /proc at all: the pid alone (a signal 0 tells)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                pass
+            return True
+        if not os.path.exists("/proc/1/stat"):
+            return None  # hidepid: pid 1 is root's and hidden, so other users' are too
+        return False
+    if fields[0] == b"Z":
+        return False
+    try:
+        return ticks is None or int(fields[19]) == ticks
+    except (ValueError, IndexError):
+        return False
+
+
 def group_alive(pgid):
     try:
         os.killpg(pgid, 0)

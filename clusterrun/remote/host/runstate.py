@@ -97,3 +97,8 @@ def finish_orphan(run_dir, spec):
         write_json_atomic(os.path.join(run_dir, "done.json"), {"ended_at": time.time(), "orphaned": True})
     except OSError:  # a full disk: the next call tries again
         pass
+    if spec.get("claim"):  # its claim is stale already (its owner is gone); this removes the file too
+        from .share.claims import release
+
+        sup = (read_json(os.path.join(run_dir, "state.json")) or {}).get("supervisor") or {}
+        release(spec["claim"], owner=sup.get("pid"))

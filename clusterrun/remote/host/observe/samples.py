@@ -1,13 +1,15 @@
-"""`samples TARGET INTERVAL COUNT`: this host's load and its ranks', sampled here from /proc, one JSON line
-every INTERVAL seconds (COUNT lines; 0: until the controller goes away). TARGET is a run id (RUN or
-RUN/attempt-K) or "-" (the host alone, and which clusterrun runs hold it). What `clusterrun top` shows.
+"""`samples TARGET INTERVAL COUNT [CLAIMS_DIR]`: this host's load and its ranks', sampled here from /proc, one
+JSON line every INTERVAL seconds (COUNT lines; 0: until the controller goes away). TARGET is a run id (RUN or
+RUN/attempt-K) or "-" (the host alone, which clusterrun runs of this user hold it, and with CLAIMS_DIR every
+user's live claims and queue entries there, share/claims.py). What `clusterrun top` shows.
 
   {"now": T, "interval": S,
    "host": {"cpu_pct": P, "cores": N, "load1": L, "mem_used": B, "mem_total": B, "net_rx": B/s, "net_tx": B/s,
             "gpus": [{"index", "util_pct", "mem_used", "mem_total"}] or null (no nvidia-smi)},
    "ranks": [{"rank", "state": running|ended|pending, "pid", "cpu_pct", "rss", "rss_children", "children",
               "last_output_s"}],
-   "runs": [RUN...]}                                     ("-": the runs whose supervisor runs here)
+   "runs": [RUN...],                                     ("-": the runs whose supervisor runs here)
+   "claims": [{"kind": claim|queue, "user", "by", "run", "slots", "gpus", "since", "state", ...}]}  ("-", CLAIMS_DIR)
 
 CPU: of all cores together from /proc/stat deltas (100 = every core busy); a rank's is its process and
 every process under it from /proc/PID/stat deltas, in % of one core (as `top` counts). Memory used is
@@ -37,12 +39,12 @@ TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def cmd_samples(workdir, target, interval, count):
+def cmd_samples(workdir, target, interval, count, claims_dir=""):
     from ..main import run_dir_of  # the one check of a run id
 
     run_dir = None if target == "-" else run_dir_of(workdir, target)
     interval, count = max(0.1, float(interval)), int(count)
-    sampler = Sampler(workdir, run_dir)
+    sampler = Sampler(workdir, run_dir, claims_dir if run_dir is None else "")
     sampler.take()
     sent = 0
     while not count or sent < count:
@@ -59,8 +61,8 @@ def cmd_samples(workdir, target, interval, count):
 class Sampler:
     """Keeps the last sample's counters; each `take` returns the rates since then."""
 
-    def __init__(self, workdir, run_dir):
-        self.workdir, self.run_dir = workdir, run_dir
+    def __init__(self, workdir, run_dir, claims_dir=""):
+        self.workdir, self.run_dir, self.claims_dir = workdir, run_dir, claims_dir
         self.last = None  # (time, cpu, net, {pid: cpu ticks})
         self.gpu_tool = shutil.which("nvidia-smi")
 
@@ -80,6 +82,8 @@ class Sampler:
         sample = {"now": now, "interval": round(dt, 3), "host": host, "ranks": self.ranks(ranks, ticks, last, now)}
         if self.run_dir is None:
             sample["runs"] = running_runs(self.workdir)
+            if self.claims_dir:
+                sample["claims"] = live_claims(self.claims_dir)
         return sample
 
     def rank_processes(self, table):
@@ -242,6 +246,14 @@ def last_output(path, now):
         return round(max(0.0, now - os.path.getmtime(path)), 1)
     except OSError:
         return None
+
+
+def live_claims(claims_dir):
+    """Every user's live claims and queue entries in the claims folder (read only: nothing pruned)."""
+    from ..share.claims import Folder, brief
+
+    folder = Folder(claims_dir)
+    return [brief(e) for e in folder.entries(prune=False) if e["live"]] if os.path.isdir(folder.path) else []
 
 
 def running_runs(workdir):

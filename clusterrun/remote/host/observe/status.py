@@ -12,8 +12,10 @@ from ..wire import reply
 
 def cmd_status(run_dir):
     spec, state = load_state(run_dir, must_exist=False)
-    if spec is None:
-        reply({"run_dir": run_dir, "started": False, "ranks": {}})
+    if spec is None:  # never started here, or waiting for its turn (share/waiter.py), or given up waiting
+        from ..share.waiter import state as waiting
+
+        reply(dict(waiting(run_dir), run_dir=run_dir, started=False, ranks={}))
         return 0
     exits, sup_alive = collect_exits(run_dir, spec, state)
     ranks = {}

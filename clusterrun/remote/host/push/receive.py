@@ -9,6 +9,13 @@ Protocol (framed JSON messages, common.read_msg/send_msg; object bytes raw in be
   host       → {ok, received, objects, files}  or  {error, kind, path}
   (hold only) controller → {setup: {...}}; host → setup.py's messages      (only where job.setup is set)
   (hold only) controller → {start: spec};  host → {state}     (end of input instead: the run is removed)
+  (hold, --detach --wait) controller → {wait: {spec, mesh}};  host → {waiting: {pid}}: a detached waiter
+             holds the job until its turn (share/waiter.py; rank 0's host bound its port in the first answer,
+             "wait_port")
+With a claim request in the manifest ("claim", share/session.py) the host first claims its share of this
+host (or answers busy, or queues), the first answer says what it took, and the controller's word
+({confirm} or {requeue}) comes before any object; the run folder is made only after {confirm}. The
+supervisor adopts the claim at the start; a push that ends otherwise removes it.
 """
 
 import errno
@@ -25,6 +32,7 @@ from ..net.claimed import run_on_port
 from ..net.holder import port_holder
 from ..net.ifaces import find as find_interface
 from ..run.start import start_run
+from ..share.session import ClaimSession
 from ..wire import CHUNK, Fail, read_msg, send_msg
 from . import relay
 from .cache import CacheIndex, object_path, safe_rel
@@ -32,6 +40,7 @@ from .job_setup import run_setup
 
 
 RUN_RESERVE = 256 << 10  # a run's own files on this host: spec, state, exit records, the logs' first lines
+REQUEUE = "requeue"  # _run's word that the launch wants another round of claims before it pushes
 
 
 def host_facts(port, master_addr, workdir=""):
@@ -75,6 +84,9 @@ def cmd_receive(workdir, run_dir):
         if push.made_run_dir and not os.path.exists(os.path.join(run_dir, "spec.json")):
             push.undo()
         raise
+    finally:
+        if push.claim is not None:
+            push.claim.close()  # unless the supervisor adopted it
 
 
 class StdinSource:
@@ -115,6 +127,8 @@ class Push:
         self.lock = None  # the cache's lock, shared (clean.py)
         self.addr = ""  # this host's own address (the inventory's): relay sockets bind it
         self._folders = set()  # folders known to exist: a makedirs per file was most of a small-file push
+        self.claim = None  # this run's claim on the host (share/session.py), when the launch claims
+        self.wait_server = None  # --detach --wait, rank 0's host: where the other hosts' waiters join
 
     @property
     def received(self):
@@ -123,16 +137,23 @@ class Push:
     def run(self):
         manifest = read_msg(self.stdin)
         files = manifest["files"]  # [relpath, sha256, size, executable]
-        # shared with other pushes, exclusive of a cache sweep (clean.py): from deciding what the cache has
-        # until every object is linked into the run folder
-        self.lock = cache_lock(self.workdir, exclusive=False, wait=LOCK_WAIT * 2)
-        if self.lock is None:
-            raise Fail("the content cache stayed locked (a `clusterrun clean --cache` on this host?)", "busy",
-                       self.cache)
-        try:
-            return self._run(manifest, files)
-        finally:
-            self.release()
+        if manifest.get("claim"):
+            self.claim = ClaimSession(manifest["claim"], self.stdin, send_msg)
+        while True:
+            if self.claim is not None and not self.claim.acquire():
+                return 1  # busy: said so, nothing made
+            # shared with other pushes, exclusive of a cache sweep (clean.py): from deciding what the cache
+            # has until every object is linked into the run folder
+            self.lock = cache_lock(self.workdir, exclusive=False, wait=LOCK_WAIT * 2)
+            if self.lock is None:
+                raise Fail("the content cache stayed locked (a `clusterrun clean --cache` on this host?)", "busy",
+                           self.cache)
+            try:
+                code = self._run(manifest, files)
+            finally:
+                self.release()
+            if code != REQUEUE:
+                return code
 
     def release(self):
         if self.lock is not None:
@@ -142,20 +163,20 @@ class Push:
     def _run(self, manifest, files):
         missing = self.missing(files)
         need = sum(size for _, size, _ in missing)
-        refusal = self.refusal(need)
+        refusal = self.refusal(need, make_dir=self.claim is None)
         if refusal:
             send_msg(refusal)
             return 1
-        own = self.addr = manifest.get("addr") or ""  # this host's address in the inventory
-        server = bind_address(own) if manifest.get("relay") else None
-        if manifest.get("coordinator"):  # bound now, inherited by the supervisor: every host can start at once
-            self.coordinator = bind_address(own)
-        send_msg({"missing": [sha for sha, _, _ in missing], "missing_objects": missing, "repaired": self.repaired,
-                  "port": free_port() if manifest.get("free_port") else None,
-                  "relay_port": server.getsockname()[1] if server else None,
-                  "coordinator_port": self.coordinator.getsockname()[1] if self.coordinator else None,
-                  "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""), self.workdir)})
+        server = self.first_answer(manifest, missing)
+        if self.claim is not None and not self.claim.decide():
+            for sock in (server, self.coordinator):
+                if sock is not None:
+                    sock.close()
+            self.coordinator = None
+            return REQUEUE  # another host of the launch is busy: back in line, then answer again
         try:
+            if not self.made_run_dir:
+                self.make_run_dir()
             if server is not None:
                 self.receive_relayed(read_msg(self.stdin)["relay"], missing, server)
             else:
@@ -178,6 +199,23 @@ class Push:
         if manifest.get("hold"):
             self.hold_for_start()
         return 0
+
+    def first_answer(self, manifest, missing):
+        """What the cache lacks, the ports bound, the facts, the claim; the relay's listening socket (or None)."""
+        own = self.addr = manifest.get("addr") or ""  # this host's address in the inventory
+        server = bind_address(own) if manifest.get("relay") else None
+        if manifest.get("coordinator"):  # bound now, inherited by the supervisor: every host can start at once
+            self.coordinator = bind_address(own)
+            if self.claim is not None and self.claim.conf.get("detach") and self.claim.conf.get("wait"):
+                self.wait_server = bind_address(own)  # the waiters' meeting point, should the launch wait
+        send_msg({"missing": [sha for sha, _, _ in missing], "missing_objects": missing, "repaired": self.repaired,
+                  "port": free_port() if manifest.get("free_port") else None,
+                  "relay_port": server.getsockname()[1] if server else None,
+                  "coordinator_port": self.coordinator.getsockname()[1] if self.coordinator else None,
+                  "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""), self.workdir),
+                  "claim": self.claim.answer() if self.claim is not None else None,
+                  "wait_port": self.wait_server.getsockname()[1] if self.wait_server else None})
+        return server
 
     def receive_relayed(self, conf, missing, server):
         """Objects in the order of the chain's stream (conf["objects"]): from the controller (the chain's
@@ -270,21 +308,31 @@ class Push:
             seen.add(key)
         return missing
 
-    def refusal(self, need):
-        """Why this push cannot go ahead (no room, a run folder already there), or None once it is made."""
+    def refusal(self, need, make_dir=True):
+        """Why this push cannot go ahead (no room, a run folder already there), or None once it is made
+        (make_dir: now; with a claim, only once the launch confirmed it)."""
         os.makedirs(self.cache, 0o700, exist_ok=True)
         free = shutil.disk_usage(self.cache).free
         if need + RUN_RESERVE > free:  # a push that fits but leaves no room to start is refused now, not later
             return {"missing": [], "error": "not enough disk space: the push needs %d bytes (and the run %d more "
                     "for its own files), %d free" % (need, RUN_RESERVE, free), "kind": "disk_full", "path": self.cache}
+        if os.path.exists(self.run_dir):
+            return {"missing": [], "error": "run folder already exists", "kind": "exists", "path": self.run_dir}
+        if make_dir:
+            try:
+                self.make_run_dir()
+            except Fail as exc:
+                return {"missing": [], "error": str(exc), "kind": exc.kind, "path": exc.path}
+        return None
+
+    def make_run_dir(self):
         try:
             os.makedirs(os.path.dirname(self.run_dir), 0o700, exist_ok=True)
             os.mkdir(self.run_dir, 0o700)
         except FileExistsError:
-            return {"missing": [], "error": "run folder already exists", "kind": "exists", "path": self.run_dir}
+            raise Fail("run folder already exists", "exists", self.run_dir) from None
         self.made_run_dir = True
         hold_receiving(self.run_dir)  # kept open until this process ends: `clean` leaves the folder alone
-        return None
 
     def folder(self, path):
         if path not in self._folders:
@@ -369,9 +417,23 @@ class Push:
             if real != job and not real.startswith(job + os.sep):
                 raise Fail("symlink %s resolves out of the job (%s)" % (rel, real), "protocol", rel)
 
+    def hand_to_waiter(self, request):
+        """--detach --wait: a detached waiter owns the queue entry and the job from now on (share/waiter.py)."""
+        from ..share import waiter
+
+        spec, mesh = request["spec"], dict(request["mesh"])
+        if self.coordinator is not None and (spec.get("peers") or {}).get("coordinator"):
+            spec["peers"]["listen_fd"] = self.coordinator.fileno()
+        if self.wait_server is not None:
+            mesh["listen_fd"] = self.wait_server.fileno()
+        pid = waiter.begin(self.run_dir, spec, mesh, self.claim, lambda s: start_run(self.run_dir, s))
+        self.claim.handed = True
+        return pid
+
     def undo(self):
         """Nothing has started: leave no partial run behind, and give the space back (the disk may be full)."""
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.made_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         for path in self.created:
             try:
                 os.unlink(path)
@@ -404,7 +466,15 @@ class Push:
         except (Fail, EOFError):
             self.undo()  # the run folder, and the objects this push added to the cache
             return
+        if "wait" in message and self.claim is not None:
+            send_msg({"waiting": {"pid": self.hand_to_waiter(message["wait"])}})
+            return
         spec = message["start"]
         if self.coordinator is not None and (spec.get("peers") or {}).get("coordinator"):
             spec["peers"]["listen_fd"] = self.coordinator.fileno()  # the supervisor (a fork) keeps it open
-        send_msg({"state": start_run(self.run_dir, spec)})
+        if self.claim is not None:
+            spec["claim"] = self.claim.spec_claim(spec.get("claim"))  # the supervisor adopts it (run/start.py)
+        state = start_run(self.run_dir, spec)
+        if self.claim is not None:
+            self.claim.handed = True
+        send_msg({"state": state})

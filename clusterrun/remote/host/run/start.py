@@ -1,6 +1,8 @@
 """Start a run: write its spec (0600), fork a supervisor into its own session, which supervises the ranks
 (supervisor.py; python_launcher.py or torchrun.py by the job's launcher): each in its own process group,
-exits recorded atomically, stops forwarded TERM → grace → KILL."""
+exits recorded atomically, stops forwarded TERM → grace → KILL. When the spec carries the run's claim on
+this host (share/claims.py), the supervisor adopts it before any rank starts and gives it up at its end
+(or keeps it for the next attempt after a failure, while attempts remain)."""
 
 import json
 import os
@@ -9,7 +11,7 @@ import time
 
 from ..disk.lock import run_lock
 from ..files import read_json, write_json_atomic
-from ..paths import job_dir, run_root, stacks_dir
+from ..paths import exit_path, job_dir, run_root, stacks_dir
 from ..wire import Fail, reply
 from .python_launcher import RankSupervisor
 from .torchrun import TorchrunSupervisor
@@ -50,7 +52,7 @@ def _start_locked(run_dir, spec, lock):
     sys.stdout.flush()
     pid = os.fork()  # the supervisor is this process's twin: no second interpreter start-up
     if pid == 0:
-        code = 1
+        code, claim = 1, None
         os.close(lock)  # the lock is this start's, not the run's life long (the next attempt takes it)
         try:
             os.setsid()  # its own session: the SSH channel closing (SIGHUP, EOF) never reaches it
@@ -62,11 +64,13 @@ def _start_locked(run_dir, spec, lock):
             os.dup2(log, 2)
             os.close(null)
             os.close(log)
+            claim = _adopt(spec)
             code = supervise(run_dir)
         except BaseException:
             import traceback
             traceback.print_exc()
         finally:
+            _give_up(claim, run_dir, spec)
             os._exit(code)
     deadline = time.time() + 30
     state_file = os.path.join(run_dir, "state.json")
@@ -80,6 +84,37 @@ def _start_locked(run_dir, spec, lock):
     with open(os.path.join(run_dir, "supervisor.log"), "rb") as fh:
         tail = fh.read()[-2000:].decode("utf-8", "replace")
     raise Fail("the supervisor did not start: " + (tail or "no output"), "start")
+
+
+def _adopt(spec):
+    """The run's claim on this host, owned by this process (the supervisor) from now on; None without."""
+    if not spec.get("claim"):
+        return None
+    from ..share.claims import adopt
+
+    try:
+        adopt(spec["claim"])
+    except Fail as exc:  # a restart finds the host taken meanwhile: the start fails, saying by whom
+        sys.stdout.write("%s\n" % exc)
+        sys.stdout.flush()
+        os._exit(1)
+    return spec["claim"]
+
+
+def _give_up(claim, run_dir, spec):
+    """At the supervisor's end: the claim goes, or stays for the next attempt after a failure."""
+    if claim is None:
+        return
+    from ..share.claims import at_end
+
+    stop = read_json(os.path.join(run_dir, "stop.json")) or {}
+    by_user = stop.get("reason") in ("stopped", "interrupted", "time-limit")
+    exits = [read_json(exit_path(run_dir, r["rank"])) or {} for r in spec.get("ranks", [])]
+    failed = not by_user and not all(e.get("exit_code") == 0 for e in exits)
+    try:
+        at_end(claim, failed)
+    except OSError:
+        pass
 
 
 def supervise(run_dir):

@@ -28,6 +28,11 @@ def cmd_stop(run_dir, grace, reason="stopped"):
 
 def _stop_one(run_dir, grace, reason):
     spec, state = load_state(run_dir, must_exist=False)
+    if spec is None:
+        from ..share import waiter
+
+        if waiter.stop(run_dir):  # it waited for its turn (--detach --wait), or had just started
+            spec, state = load_state(run_dir, must_exist=False)
     if spec is None:  # pushed (or partly) but never started: nothing runs, so the files go too
         return _remove_unstarted(run_dir)
     marker = process_marker(spec)
@@ -43,6 +48,10 @@ def _stop_one(run_dir, grace, reason):
     _kill_strays(marker)
     state = _await_exit_records(run_dir, spec, state, sup)
     exits, sup_alive = collect_exits(run_dir, spec, state)
+    if spec.get("claim") and reason != "failed":  # a failed attempt's claim stays for the next (job.restarts)
+        from ..share.claims import release
+
+        release(spec["claim"])
     return {"exits": {str(k): v for k, v in exits.items()}, "killed": killed,
             "left": [name for name, info in targets.items() if rank_live(marker, info)]}
 
