@@ -357,3 +357,25 @@ def test_real_supervisors_keep_the_time_limit_records_and_scrub_under_attack(tmp
             s.close()
         a.close()
         b.close()
+
+
+def test_a_peer_whose_ranks_failed_before_it_ever_connected_still_tells_the_coordinator():
+    """A host whose ranks all fail within its first tick (a bad import, a typo) must still join, tell its
+    failure and say done before its supervisor exits: else rank 0's host never hears of it and waits out
+    join_timeout while the others run on."""
+    logs = []
+    coordinator = P.Coordinator(conf(coordinator=True, expect=[1], allow=["127.0.0.1"]), logs.append)
+    peer = P.Peer(conf(addr="127.0.0.1", port=coordinator.port), 1, logs.append)
+    ticker = Ticker(coordinator)
+    try:
+        peer.report({"rank": 1, "exit_code": 1})  # before any tick: never connected
+        t = time.monotonic()
+        peer.finish(time.time() + 5.0)
+        assert time.monotonic() - t < 4.0
+        assert wait_until(lambda: 1 in coordinator.done and coordinator.failure is not None, timeout=3), logs
+        assert "rank 1 on node 1 failed" in coordinator.failure
+        assert not coordinator.waiting(time.time())
+    finally:
+        ticker.stop()
+        coordinator.close()
+        peer.close()

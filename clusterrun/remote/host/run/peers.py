@@ -524,12 +524,12 @@ class Peer:
             self.failure = failure
 
     def finish(self, deadline):
-        """Before this supervisor exits: make sure the coordinator heard that it is done (a peer that said
-        hello and then vanished without a word would count as a lost host)."""
+        """Before this supervisor exits: make sure the coordinator heard that it is done, and of its failure
+        first (a peer that said hello and then vanished without a word would count as a lost host). Also
+        when it never connected (its ranks failed within its first tick): it joins now, so rank 0's host
+        hears of the failure at once instead of waiting out join_timeout. Bounded by deadline."""
         self.done = True
         while not self.gave_up and not (self.authenticated and self.said_done) and time.time() < deadline:
-            if self.line is None and self.connecting is None and not self.joined:
-                return  # never connected: nothing half-said to take back
             self.tick(time.time())
             time.sleep(0.02)
 
