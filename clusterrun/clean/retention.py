@@ -1,13 +1,17 @@
 """Retention after a launch: `clusterrun clean INVENTORY --retention` in a process of its own (its own
-session, niced, output to retention.log in the state dir), once per launch, when the ranks run (or the
-run was detached). It starts its work once the launching process has ended, or a minute into the run:
-a short run never shares its CPU with it, a long one has its hosts cleaned while it trains."""
+session, niced, output to retention.log in the state dir), when the ranks run (or the run was
+detached), at most once per `retention.every` (default 1 h) per inventory: a pass connects to every host
+and starts a Python there, which back-to-back launches (a sweep, a debugging session) should not pay for
+each time. It starts its work once the launching process has ended, or a minute into the run: a short
+run never shares its CPU with it, a long one has its hosts cleaned while it trains."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 
 from ..config.inventory import Inventory
 from ..events import Phase
@@ -30,7 +34,8 @@ class AfterLaunch:
     """Watches a launch's events and starts the retention pass once (CLUSTERRUN_NO_RETENTION=1: never)."""
 
     def __init__(self, inv: Inventory):
-        self.inventory = inv.path
+        self.inventory = os.path.abspath(inv.path)
+        self.every = inv.retention.every_s
         self.due = inv.retention.enabled and not os.environ.get("CLUSTERRUN_NO_RETENTION")
 
     def on_event(self, ev: object) -> None:
@@ -38,10 +43,38 @@ class AfterLaunch:
             self.start()
 
     def start(self) -> None:
-        """Now (also after a detached launch, whose ranks run without this process)."""
+        """Now (also after a detached launch, whose ranks run without this process), unless a pass for
+        this inventory started less than `every` ago."""
         if self.due:
             self.due = False
-            spawn(self.inventory)
+            if _claim_turn(self.inventory, self.every, time.time()):
+                spawn(self.inventory)
+
+
+STAMPS = "retention-stamps.json"
+
+
+def _claim_turn(inventory: str, every: float, now: float) -> bool:
+    """Whether this inventory's turn has come (and it is taken: the stamp is written now)."""
+    path = os.path.join(state_dir(), STAMPS)
+    try:
+        with open(path) as fh:
+            stamps = json.load(fh)
+    except (OSError, ValueError):
+        stamps = {}
+    if not isinstance(stamps, dict):
+        stamps = {}
+    last = stamps.get(inventory)
+    if isinstance(last, (int, float)) and 0 <= now - last < every:
+        return False
+    stamps[inventory] = now
+    os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(stamps, fh)
+    os.replace(tmp, path)
+    return True
 
 
 def spawn(inventory: str) -> None:

@@ -34,7 +34,7 @@ HOST_ONLY_KEYS = ("name", "host", "addr", "network")
 TIMEOUT_KEYS = ("connect", "command", "host_lost", "grace", "setup", "notify")
 TOP_KEYS = ("version", "defaults", "hosts", "master", "job", "secrets", "timeouts", "retention", "push", "network",
             "notify")
-RETENTION_KEYS = ("keep_runs", "max_age", "cache_max")
+RETENTION_KEYS = ("keep_runs", "max_age", "cache_max", "every")
 CLAIMS_KEYS = ("dir", "slots")
 CLAIMS_DIR = "/tmp/clusterrun-claims"  # the host program's share/claims.DEFAULT_DIR
 GPU_MAX = 1023
@@ -104,6 +104,7 @@ class Retention:
     max_age_s: Optional[float] = 30 * 86400.0  # finished runs older than this go
     cache_max: Optional[int] = 20 * 10 ** 9  # the content cache is collected down to this many bytes
     enabled: bool = True  # `retention: off`: nothing is removed after a launch
+    every_s: float = 3600.0  # at most one pass per inventory this often (0: after every launch)
 
 
 @dataclass(frozen=True)
@@ -378,18 +379,26 @@ def _read_retention(r: NodeReader, node: yaml.Node) -> Retention:
     entries = r.mapping(node, "retention", RETENTION_KEYS)
     values: dict = {}
     for key, (_, v) in entries.items():
-        if isinstance(v, yaml.ScalarNode) and v.value in ("off", "none", "null", "~", ""):
+        if isinstance(v, yaml.ScalarNode) and v.value in ("off", "none", "null", "~", "") and key != "every":
             values[{"max_age": "max_age_s"}.get(key, key)] = None
-        elif key == "keep_runs":
-            values["keep_runs"] = r.integer(v, "retention.keep_runs", 0, 1_000_000)
-        elif key == "max_age":
-            values["max_age_s"] = r.duration(v, "retention.max_age")
         else:
-            size = parse_size(v.value) if isinstance(v, yaml.ScalarNode) else None
-            if size is None:
-                r.error(v, "retention.cache_max", "expected a size such as 20G, 500M or 4096 (bytes), or off")
-            values["cache_max"] = size
+            values.update(_retention_value(r, key, v))
     return Retention(**values)
+
+
+def _retention_value(r: NodeReader, key: str, v: yaml.Node) -> dict:
+    """One rule of `retention:` that is not `off`, as Retention's field."""
+    if key == "keep_runs":
+        return {"keep_runs": r.integer(v, "retention.keep_runs", 0, 1_000_000)}
+    if key == "max_age":
+        return {"max_age_s": r.duration(v, "retention.max_age")}
+    if key == "every":
+        every = r.duration(v, "retention.every", zero=True)
+        return {} if every is None else {"every_s": every}
+    size = parse_size(v.value) if isinstance(v, yaml.ScalarNode) else None
+    if size is None:
+        r.error(v, "retention.cache_max", "expected a size such as 20G, 500M or 4096 (bytes), or off")
+    return {"cache_max": size}
 
 
 def _read_timeouts(r: NodeReader, node: yaml.Node) -> Timeouts:

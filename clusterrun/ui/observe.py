@@ -127,17 +127,19 @@ def _holders(h: dict) -> str:
     """A host's runs in top's inventory view: every user's claims (`alice: 2026…-ab12 2 slots, GPUs 0,1`),
     who waits (`bob waits #1: 2026…-cd34`), and this user's runs without a claim (claims off)."""
     claims = [c for c in h.get("claims") or () if isinstance(c, dict)]
-    held = [c for c in claims if c.get("kind") != "queue"]
     waiting = sorted((c for c in claims if c.get("kind") == "queue"), key=lambda c: c.get("ticket") or [0, ""])
-    parts = []
-    for c in held:
-        gpus = c.get("gpus")
-        gpu = f", GPUs {','.join(map(str, gpus))}" if isinstance(gpus, list) and gpus else ""
-        parts.append(f"{c.get('user')}: {c.get('run')} {c.get('slots')} slot{'s' if c.get('slots') != 1 else ''}{gpu}")
+    parts = [_held(c) for c in claims if c.get("kind") != "queue"]
     parts += [f"{c.get('user')} waits #{n}: {c.get('run')}" for n, c in enumerate(waiting, 1)]
     claimed = {str(c.get("run")) for c in claims}
     parts += [r for r in h.get("runs") or () if r.split("/")[0] not in claimed]
     return "\n".join(parts) or "-"
+
+
+def _held(c: dict) -> str:
+    gpus = c.get("gpus")
+    gpu = f", GPUs {','.join(map(str, gpus))}" if isinstance(gpus, list) and gpus else ""
+    slots = c.get("slots")
+    return f"{c.get('user')}: {c.get('run')} {slots} slot{'s' if slots != 1 else ''}{gpu}"
 
 
 def _ranks_table(view):

@@ -161,7 +161,8 @@ def test_retention_is_applied_after_a_launch(cr, cluster, tmp_path):
     ids, inv = launch_runs(cr, tmp_path, 3, hosts=2)
     assert cr.run("launch", inv).returncode == 0  # retention: keep_runs 2, applied after this one started
     ids.append(cr.ps()[0]["id"])
-    inv.write_text(inv.read_text() + "retention: {keep_runs: 2, max_age: 30d, cache_max: 1G}\n")
+    # every: 0, as the launches above already took this inventory's turn for the next hour
+    inv.write_text(inv.read_text() + "retention: {keep_runs: 2, max_age: 30d, cache_max: 1G, every: 0}\n")
     done = cr.run("launch", inv)
     assert done.returncode == 0, done.stderr
     ids.append(cr.ps()[0]["id"])

@@ -181,3 +181,22 @@ def test_pruning_a_record_keeps_what_was_pulled(tmp_path):
     store.prune("20261201-000000-0001")
     assert os.listdir(os.path.join(store.home, "runs", "20261201-000000-0001")) == ["outputs"]
     assert open(pulled).read() == "weights"
+
+
+def test_retention_runs_at_most_once_per_interval_per_inventory(tmp_path, monkeypatch, cr_home):
+    """Issue 26: a retention pass after every launch meant a second SSH connection and a Python on every
+    host per launch; back-to-back launches now pay for one pass per `retention.every` (default 1 h)."""
+    from clusterrun.clean import retention
+    from clusterrun.config.inventory import parse_inventory
+
+    monkeypatch.delenv("CLUSTERRUN_NO_RETENTION", raising=False)
+    spawned = []
+    monkeypatch.setattr(retention, "spawn", spawned.append)
+    text = "version: 1\nhosts: [{name: a, connection: local}]\njob: {script: t.py}\n"
+    inv = parse_inventory(text, str(tmp_path / "a.yaml"))
+    other = parse_inventory(text, str(tmp_path / "b.yaml"))
+    eager = parse_inventory(text + "retention: {every: 0}\n", str(tmp_path / "c.yaml"))
+    for _ in range(3):
+        for i in (inv, other, eager):
+            retention.AfterLaunch(i).start()
+    assert spawned == [str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")] + [str(tmp_path / "c.yaml")] * 3
