@@ -348,7 +348,11 @@ def show_host_claims(listing, out: Console) -> None:
     hosts = [listing.results[name] for name in listing.names if name in listing.results]  # inventory order
     entries = [e for hc in hosts for e in hc.entries]
     free = [hc.host for hc in hosts if not any(e.live for e in hc.entries)]
-    out.print(claims_table(entries, f"claims on {len(listing.results)} host{'s' if len(listing.results) != 1 else ''}"))
+    asked = f"{len(listing.results)} host{'s' if len(listing.results) != 1 else ''}"
+    if entries:
+        out.print(claims_table(entries, f"claims on {asked}"))
+    elif listing.results:
+        out.print(Text(f"no claims and nobody waiting on {asked}"))
     if free:
         out.print(Text(f"free: {host_ranges(free)}", style="dim"))
     for name, err in listing.failed.items():

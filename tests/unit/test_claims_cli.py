@@ -88,3 +88,11 @@ def test_a_busy_launch_exits_5_with_the_holders_table(tmp_path, cr_home, capsys,
     assert not any((tmp_path / w / "runs").exists() and os.listdir(tmp_path / w / "runs") for w in ("w0", "w1"))
     (run,) = RunStore().ids()
     assert RunStore().get(run).exit_code == 5
+
+
+def test_ps_hosts_on_free_hosts_says_so_instead_of_an_empty_table(tmp_path, cr_home, capsys):
+    inv, _ = inventory(tmp_path)
+    assert cli(["ps", "--hosts", str(inv)]) == 0
+    text = capsys.readouterr().out
+    assert "no claims and nobody waiting on 2 hosts" in text and "free: here[0-1]" in text, text
+    assert "┏" not in text  # no table without a row
