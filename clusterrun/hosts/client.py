@@ -9,33 +9,20 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 from ..config.inventory import Host, Timeouts
-from ..errors import (CommandTimeout, ConnectError, HostError, PushError, RemoteCommandError, SetupError,
-                      StartError, UnsafeWorkdir)
+from ..errors import (CommandTimeout, ConnectError, HostError, RemoteCommandError, StartError, UnsafeWorkdir)
 from ..remote import (BOOTSTRAP, EXIT_PROGRAM_MISSING, EXIT_UNSAFE_WORKDIR, INSTALLER, PROGRAM_ID, SOURCE,
                       UNSAFE_WORKDIR)
 from ..transport import Stream, StreamClosed, Transport
-from .manifest import Manifest, objects_to_send, read_chunks
+from .manifest import Manifest
 from .pull import PullStream
 from .relay import RelayGroup
-from .wire import FollowStream, Prepended, ProgramMissing, exit_code_of, pack_msg, read_msg
+from .push import HeldPush, PushChannel, push_result
+from .wire import FollowStream, Prepended, ProgramMissing, Samples, exit_code_of, offer, pack_msg, read_msg
 
-BATCH = 1 << 20
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class PushResult:
-    sent_bytes: int
-    objects: int
-    files: int
-    seconds: float
-    repaired: int = 0  # cached objects found changed on the host (a job wrote to a pushed file): sent again
-    relayed: int = 0  # object bytes that came from another host (relay push), not from the controller
-    relay_notes: Tuple[str, ...] = ()  # what failed on the relay path (the rest then came directly)
 
 
 class HostClient:
@@ -224,7 +211,7 @@ class HostClient:
         def attempt() -> BenchStream:
             stream = self.transport.open(self.argv("bandwidth"))
             try:
-                ready = self._offer(stream, conf)
+                ready = offer(stream, conf, self.timeouts.command)
             except BaseException:
                 stream.close()
                 raise
@@ -258,7 +245,8 @@ class HostClient:
             if claim is not None:
                 claim[1].fail(claim[2], f"{self.label}: {exc}")
             raise
-        held = HeldPush(self, stream if hold else None, result, answer.get("port"), answer.get("facts") or {},
+        held = HeldPush(self.label, self.timeouts, stream if hold else None, result, answer.get("port"),
+                        answer.get("facts") or {},
                         answer.get("coordinator_port"), claim=answer.get("claim"))
         held.wait_port = answer.get("wait_port")
         return held
@@ -269,24 +257,25 @@ class HostClient:
                    claim: Optional[Tuple[dict, Any, int]] = None):
         t0 = time.monotonic()
         stream = self.transport.open(self.argv("receive", attempt_key))
+        channel = PushChannel(stream, self.label, self.host, self.timeouts)
         timeout = self.timeouts.command
         keep = False
         try:
-            answer = self._offer(stream, {**manifest.wire(), "hold": hold, "free_port": want_port,
+            answer = channel.offer({**manifest.wire(), "hold": hold, "free_port": want_port,
                                           "check_port": check_port, "master_addr": master_addr,
                                           "addr": self.host.master_addr, "relay": relay is not None,
                                           "coordinator": coordinator, "claim": claim[0] if claim else None})
             if claim is not None:
-                answer = self._claim(stream, answer, claim[1], claim[2])
-            self._raise_push_error(answer)
-            sent = self._send_missing(stream, manifest, answer, relay, progress)
+                answer = channel.claim(answer, claim[1], claim[2])
+            channel.raise_error(answer)
+            sent = channel.send_missing(manifest, answer, relay, progress)
             result = read_msg(stream, timeout)
             if "relay_failed" in result:  # its upstream failed it: what it still lacks comes from here
-                sent += self._send_objects(stream, manifest, [(sha, None) for sha in result["need"]], progress)
+                sent += channel.send_objects(manifest, [(sha, None) for sha in result["need"]], progress)
                 result = read_msg(stream, timeout)
-            self._raise_push_error(result)
+            channel.raise_error(result)
             keep = hold
-            return _push_result(sent, answer, result, time.monotonic() - t0), stream, answer
+            return push_result(sent, answer, result, time.monotonic() - t0), stream, answer
         except TimeoutError:
             raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
         except StreamClosed as exc:
@@ -295,96 +284,12 @@ class HostClient:
             if not keep:
                 stream.close()
 
-    def _offer(self, stream: Stream, message: dict) -> dict:
-        """The push's manifest out, the host's answer (what it lacks) back."""
-        timeout = self.timeouts.command
-        try:
-            stream.write(pack_msg(message), timeout)
-            return read_msg(stream, timeout)
-        except StreamClosed:
-            if exit_code_of(stream) == EXIT_PROGRAM_MISSING:
-                raise ProgramMissing() from None
-            raise
-
-    def _claim(self, stream: Stream, answer: dict, group: Any, index: int) -> dict:
-        """The claim exchange (remote/host/share/session.py), until the launch's verdict lets the push go
-        on: the push's first answer, with the host's claim (or, --detach --wait, its place in line)."""
-        timeout = self.timeouts.command
-        round_no = 0
-        while True:
-            if "error" in answer:
-                group.fail(index, f"{self.label}: {answer['error']}")
-                return answer
-            kind, info = _claim_kind(answer)
-            verdict = group.answer(index, round_no, kind, info)
-            if verdict in ("go", "handoff"):
-                stream.write(pack_msg({"confirm": True} if verdict == "go" else {"queue": True}), timeout)
-                return answer
-            if verdict == "requeue":  # it was free, another host was not: back in line
-                stream.write(pack_msg({"requeue": True}), timeout)
-                group.status(index, read_msg(stream, timeout)["queued"])
-            while True:  # in line: ask how it stands until every host would say yes, then try again
-                action, next_round = group.next_action(index)
-                stream.write(pack_msg({action: True}), timeout)
-                answer = read_msg(stream, timeout)
-                if action == "try":
-                    round_no = next_round
-                    break
-                group.status(index, answer["queued"])
-
-    def _raise_push_error(self, answer: dict) -> None:
-        if "error" in answer:
-            raise PushError(self.label, answer["error"], path=answer.get("path", ""),
-                            hint=_push_hint(answer.get("kind", "")))
-
-    def _send_missing(self, stream: Stream, manifest: Manifest, answer: dict,
-                      relay: Optional[Tuple[RelayGroup, int]], progress: Callable[[int], None]) -> int:
-        """What the host lacks: all of it from here, or (relay push) what the chain's plan leaves to the
-        controller; the bytes sent."""
-        if relay is None:
-            return self._send_objects(stream, manifest, [(sha, None) for sha in answer["missing"]], progress)
-        group, index = relay
-        plan = group.arrive(index, self.host.name, answer["missing_objects"], self.host.master_addr,
-                            answer.get("relay_port"))
-        stream.write(pack_msg({"relay": plan}), self.timeouts.command)
-        if plan["from"] != "controller":
-            return 0
-        return self._send_objects(stream, manifest, [(o[0], o[2]) for o in plan["objects"]], progress)
-
     def _push_interrupted(self, stream: Stream, exc: StreamClosed) -> HostError:
         """The host program failed (its exit code and stderr say how), or the connection itself was lost."""
         code = exit_code_of(stream)
         if code not in (None, -1):
             return self._command_failed(f"push interrupted: {exc}", code, stream.stderr())
         return ConnectError(self.label, f"connection lost during the push: {exc}")
-
-    def _send_objects(self, stream: Stream, manifest: Manifest, wanted: Sequence[Tuple[str, Optional[bool]]],
-                      progress: Callable[[int], None]) -> int:
-        """The objects' bytes back to back, in order (small files batched: one write, few packets, per MiB)."""
-        timeout = self.timeouts.command
-        sent = 0
-        batch = bytearray()
-        try:
-            for entry in objects_to_send(manifest, wanted):
-                for chunk in read_chunks(entry.source, entry.size):
-                    if not batch and len(chunk) >= BATCH:  # a big file's chunk goes as it is
-                        stream.write(chunk, timeout)
-                        sent += len(chunk)
-                        progress(len(chunk))
-                        continue
-                    batch += chunk
-                    if len(batch) >= BATCH:
-                        stream.write(batch, timeout)
-                        sent += len(batch)
-                        progress(len(batch))
-                        batch = bytearray()
-            if batch:
-                stream.write(batch, timeout)
-                sent += len(batch)
-                progress(len(batch))
-        except StreamClosed:
-            pass  # the host stopped reading: its answer says why
-        return sent
 
     def close(self) -> None:
         self.transport.close()
@@ -424,174 +329,12 @@ class BenchStream:
         self._stream.close()
 
 
-@dataclass(frozen=True)
-class SetupResult:
-    skipped: bool  # the same setup (commands and pushed files) already succeeded on this host
-    seconds: float
-    ran_at: Optional[float] = None  # when the skipped setup ran
-    run_id: Optional[str] = None  # in which run
-
-
-class HeldPush:
-    """A host that has the job and waits, on the same channel, for the word to start it."""
-
-    def __init__(self, client: HostClient, stream: Stream, result: PushResult, port: Optional[int], facts: dict,
-                 coordinator_port: Optional[int] = None, claim: Optional[dict] = None):
-        self.client = client
-        self.result = result
-        self.claim = claim  # what the host took ({"granted": GPUs, ...}), or its place in line ({"queued"})
-        self.wait_port: Optional[int] = None  # --detach --wait, rank 0's host: where the other waiters join
-        self.port = port  # a free port on the host, when asked for
-        self.coordinator_port = coordinator_port  # rank 0's host: where the other supervisors join it
-        self.facts = facts  # for the preflight: {"python", "executable", "net"[, "port"]} (push/receive.py host_facts)
-        self._stream: Optional[Stream] = stream
-
-    def start(self, spec: dict) -> dict:
-        """Start the run (spec with env and secrets goes to a 0600 file); the supervisor's state."""
-        stream, self._stream = self._stream, None
-        label, timeout = self.client.label, self.client.timeouts.command
-        try:
-            stream.write(pack_msg({"start": spec}), timeout)
-            answer = read_msg(stream, timeout)
-        except TimeoutError:
-            raise CommandTimeout(label, f"start: no answer within {timeout:g} s") from None
-        except StreamClosed as exc:
-            raise ConnectError(label, f"connection lost while starting: {exc}") from None
-        finally:
-            stream.close()
-        if "error" in answer:
-            raise StartError(label, answer["error"])
-        return answer["state"]
-
-    def wait(self, spec: dict, mesh: dict) -> dict:
-        """--detach --wait: hand the job to a detached waiter on the host, which starts it with this spec when
-        its turn comes (remote/host/share/waiter.py; mesh: how the hosts' waiters meet)."""
-        stream, self._stream = self._stream, None
-        label, timeout = self.client.label, self.client.timeouts.command
-        try:
-            stream.write(pack_msg({"wait": {"spec": spec, "mesh": mesh}}), timeout)
-            answer = read_msg(stream, timeout)
-        except TimeoutError:
-            raise CommandTimeout(label, f"wait: no answer within {timeout:g} s") from None
-        except StreamClosed as exc:
-            tail = stream.stderr().decode("utf-8", "replace").strip()[-500:]
-            raise ConnectError(label, f"connection lost while handing the job to its waiter: {exc}"
-                                      + (f": {tail}" if tail else "")) from None
-        finally:
-            stream.close()
-        if "error" in answer:
-            raise StartError(label, answer["error"])
-        return answer["waiting"]
-
-    def setup(self, request: dict, on_output: Callable[[str], None], silence_s: float) -> SetupResult:
-        """Run job.setup on the host (remote/host/push/job_setup.py), its output to on_output as it comes; a failing
-        command raises RemoteCommandError naming it and the last lines. silence_s: how long the host may
-        say nothing at all (it beats every 2 s) before it counts as lost."""
-        label = self.client.label
-        stream = self._stream
-        if stream is None:
-            raise StartError(label, "the push's channel is gone")
-        tail: List[str] = []
-        try:
-            stream.write(pack_msg({"setup": request}), self.client.timeouts.command)
-            while True:
-                message = read_msg(stream, silence_s)
-                if "out" in message:
-                    on_output(message["out"])
-                    tail = (tail + message["out"].splitlines())[-40:]
-                elif "setup" in message:
-                    break
-        except TimeoutError:
-            raise CommandTimeout(label, f"setup: no word from the host for {silence_s:g} s") from None
-        except StreamClosed as exc:
-            raise ConnectError(label, f"connection lost during the setup: {exc}") from None
-        done = message["setup"]
-        if done.get("exit") != 0:
-            index = done.get("command")
-            command = request["commands"][index] if isinstance(index, int) else ""
-            late = " (timed out: timeouts.setup)" if done.get("exit") == 124 else ""
-            raise SetupError(label, f"job.setup[{index}]{late}: {command}", command=command,
-                             exit_code=done.get("exit"), output_tail="\n".join(tail),
-                             hint="nothing was started; fix the command (or the host) and launch again")
-        return SetupResult(skipped=bool(done.get("skipped")), seconds=float(done.get("seconds") or 0.0),
-                           ran_at=done.get("ran_at"), run_id=done.get("run_id"))
-
-    def abandon(self) -> None:
-        """Do not start: the host removes what it received."""
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
-
-
-class Samples:
-    """The lines of a host's `samples`, one dict each; `first` is the one that came with the call."""
-
-    def __init__(self, stream: Stream, label: str):
-        self._stream = stream
-        self._label = label
-        self._buf = b""
-        self.first: Optional[dict] = None
-
-    def next(self, timeout: float) -> dict:
-        """The next sample; TimeoutError if none within timeout; StreamClosed at the end."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            chunk = self._stream.read(1 << 16, left)
-            if not chunk:
-                if exit_code_of(self._stream) == EXIT_PROGRAM_MISSING:
-                    raise ProgramMissing()
-                tail = self._stream.stderr().decode("utf-8", "replace")[-300:]
-                raise StreamClosed(f"{self._label}: samples ended" + (f": {tail}" if tail else ""))
-            self._buf += chunk
-            if len(self._buf) > 1 << 22:
-                raise StreamClosed(f"{self._label}: a sample line longer than 4 MiB")
-        line, self._buf = self._buf.split(b"\n", 1)
-        try:
-            value = json.loads(line.decode())
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise StreamClosed(f"{self._label}: a sample that is not JSON ({exc})") from None
-        if not isinstance(value, dict):
-            raise StreamClosed(f"{self._label}: a sample that is not a JSON object")
-        return value
-
-    def close(self) -> None:
-        self._stream.close()
-
-
-def _claim_kind(answer: dict) -> Tuple[str, dict]:
-    """What a host's claim answer is: busy, queued (in line), or granted (the first answer, claim taken)."""
-    if "busy" in answer:
-        return "busy", answer["busy"]
-    if "queued" in answer:
-        return "queued", answer["queued"]
-    claim = answer.get("claim") or {}
-    if "queued" in claim:  # --detach --wait: the push goes on while it waits in line
-        return "queued", claim["queued"]
-    return "granted", claim
-
-
 def _last_json(stdout: bytes) -> object:
     """The JSON value on the last line of a command's output (None when there is none)."""
     try:
         return json.loads(stdout.decode().strip().splitlines()[-1]) if stdout.strip() else None
     except (ValueError, UnicodeDecodeError):
         return None
-
-
-def _push_result(sent: int, answer: dict, result: dict, seconds: float) -> PushResult:
-    """The push's figures, from the host's first answer (what it repaired) and its last (what it holds)."""
-    return PushResult(sent_bytes=sent, objects=result["objects"], files=result["files"], seconds=seconds,
-                      repaired=len(answer.get("repaired") or ()), relayed=result.get("relayed") or 0,
-                      relay_notes=tuple(result.get("relay_notes") or ()))
-
-
-def _push_hint(kind: str) -> str:
-    return {"disk_full": "free space in the host's workdir (or point workdir: at a bigger disk); "
-                         "nothing was started and partial files were removed",
-            "exists": "a run with this id already exists on the host; launch again"}.get(kind, "")
 
 
 def make_connect(timeouts: Timeouts) -> Callable[[Host], HostClient]:

@@ -30,6 +30,18 @@ def read_msg(stream: Stream, timeout: float) -> dict:
     return json.loads(read_exact(stream, n, timeout).decode())
 
 
+def offer(stream: Stream, message: dict, timeout: float) -> dict:
+    """A command's first message out and the host's answer back; ProgramMissing when the channel closed
+    because the host lacks the program (the caller installs it and tries again)."""
+    try:
+        stream.write(pack_msg(message), timeout)
+        return read_msg(stream, timeout)
+    except StreamClosed:
+        if exit_code_of(stream) == EXIT_PROGRAM_MISSING:
+            raise ProgramMissing() from None
+        raise
+
+
 def pack_msg(obj: dict) -> bytes:
     data = json.dumps(obj).encode()
     return MSG_LEN.pack(len(data)) + data
@@ -118,3 +130,41 @@ class Prepended(FollowStream):
             frame, self._first = self._first, None
             return frame
         return super().next(timeout)
+
+
+class Samples:
+    """The lines of a host's `samples`, one dict each; `first` is the one that came with the call."""
+
+    def __init__(self, stream: Stream, label: str):
+        self._stream = stream
+        self._label = label
+        self._buf = b""
+        self.first: Optional[dict] = None
+
+    def next(self, timeout: float) -> dict:
+        """The next sample; TimeoutError if none within timeout; StreamClosed at the end."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            chunk = self._stream.read(1 << 16, left)
+            if not chunk:
+                if exit_code_of(self._stream) == EXIT_PROGRAM_MISSING:
+                    raise ProgramMissing()
+                tail = self._stream.stderr().decode("utf-8", "replace")[-300:]
+                raise StreamClosed(f"{self._label}: samples ended" + (f": {tail}" if tail else ""))
+            self._buf += chunk
+            if len(self._buf) > 1 << 22:
+                raise StreamClosed(f"{self._label}: a sample line longer than 4 MiB")
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            value = json.loads(line.decode())
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise StreamClosed(f"{self._label}: a sample that is not JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise StreamClosed(f"{self._label}: a sample that is not a JSON object")
+        return value
+
+    def close(self) -> None:
+        self._stream.close()

@@ -8,7 +8,7 @@ from typing import Callable
 
 from ..config.inventory import Timeouts
 from ..events import HostDone, LogLines, Notice
-from ..hosts.client import HeldPush
+from ..hosts.push import HeldPush
 
 
 def run_setup(held: HeldPush, request: dict, host: str, node_rank: int, *, copy: str, timeouts: Timeouts,

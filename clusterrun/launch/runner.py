@@ -22,7 +22,8 @@ from .. import outcome
 from ..errors import ClaimDropped, ClusterrunError, ConnectError, HostBusy, HostsBusy, HostsFailed
 from ..events import HostDone, HostProgress, Notice, Phase, Waiting
 from ..hosts.claims import ClaimGroup, WaitStatus, claim_request, start_claim, wait_mesh, who
-from ..hosts.client import HeldPush, HostClient
+from ..hosts.client import HostClient
+from ..hosts.push import HeldPush
 from ..hosts.forward import Forwarder, PortSpec, banner
 from ..hosts.group import GroupResult, background, fan_out
 from ..hosts.relay import RelayGroup

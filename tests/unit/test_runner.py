@@ -11,7 +11,7 @@ import pytest
 from clusterrun.errors import AuthError, ConnectError, HostsBusy, HostsFailed
 from clusterrun.events import LogLines, Notice, RankEnded
 from clusterrun.hosts.wire import Frame
-from clusterrun.hosts.client import PushResult
+from clusterrun.hosts.push import PushResult
 from clusterrun.config.inventory import parse_inventory
 from clusterrun.launch.runner import Runner
 from clusterrun.registry.store import RunStore
