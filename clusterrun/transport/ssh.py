@@ -9,6 +9,7 @@ on construction. A ProxyJump hop is what fabric's gateway does: a `direct-tcpip`
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import logging
@@ -319,17 +320,24 @@ class Connector:
     def connect(self, target: SshTarget) -> SshTransport:
         if not target.jumps and target.proxy_command:
             return SshTransport(target.label, self._through_proxy(target), self.timeouts)
-        taken: List[tuple] = []
-        try:
-            via = None
-            for i in range(len(target.jumps)):
-                via = self._jump(target, i, taken)
-            sock = self._open_socket(target, target.label, via=via)
-            t = self._handshake(target, sock, label=target.label)
-        except BaseException:
-            self._release(taken)
-            raise
-        return SshTransport(target.label, t, self.timeouts, release=lambda: self._release(taken))
+        for attempt in (1, 2):
+            taken: List[tuple] = []
+            via: Optional[paramiko.Transport] = None
+            try:
+                for i in range(len(target.jumps)):
+                    via = self._jump(target, i, taken)
+                sock = self._open_socket(target, target.label, via=via)
+                t = self._handshake(target, sock, label=target.label)
+            except ConnectError:
+                self._release(taken)
+                if attempt == 1 and via is not None and not via.is_active():
+                    continue  # the shared connection to the jump host died under us: a new one, once
+                raise
+            except BaseException:
+                self._release(taken)
+                raise
+            return SshTransport(target.label, t, self.timeouts, release=functools.partial(self._release, taken))
+        raise AssertionError("unreachable")
 
     def _jump(self, target: SshTarget, i: int, taken: List[tuple]) -> paramiko.Transport:
         """The shared connection to the target's i-th jump host (made by the first target that needs it)."""
@@ -385,8 +393,9 @@ class Connector:
         if via is not None:
             try:
                 return via.open_channel("direct-tcpip", (target.hostname, target.port), ("", 0), timeout=timeout)
-            except (paramiko.SSHException, OSError) as exc:
-                raise ConnectError(label, f"the jump host cannot reach {where}: {exc}") from None
+            except (paramiko.SSHException, EOFError, OSError) as exc:  # EOFError: the jump host hung up
+                raise ConnectError(label, f"the jump host cannot reach {where}: "
+                                          f"{str(exc) or type(exc).__name__}") from None
         try:
             sock = socket.create_connection((target.hostname, target.port), timeout=timeout)
         except socket.timeout:
