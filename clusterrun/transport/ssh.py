@@ -9,14 +9,12 @@ on construction. A ProxyJump hop is what fabric's gateway does: a `direct-tcpip`
 
 from __future__ import annotations
 
-import functools
 import os
 import shlex
 import logging
 import socket
 import threading
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import paramiko  # transport/__init__ keeps invoke out of this import
 from paramiko.common import cMSG_CHANNEL_REQUEST
@@ -169,12 +167,11 @@ class SshTunnel:
 
 class SshTransport:
     def __init__(self, label: str, transport: paramiko.Transport, timeouts: Timeouts,
-                 release: Callable[[], None] = lambda: None):
-        """release: what closing gives back besides this connection (its share of a jump host's)."""
+                 hops: Sequence[paramiko.Transport] = ()):
         self.label = label
         self._t = transport
         self._timeouts = timeouts
-        self._release = release
+        self._hops = list(hops)
 
     @property
     def alive(self) -> bool:
@@ -207,23 +204,14 @@ class SshTransport:
         return SshTunnel(channel)
 
     def close(self) -> None:
-        _close_transport(self._t)
-        release, self._release = self._release, lambda: None
-        release()
-
-
-def _close_transport(t: paramiko.Transport) -> None:
-    sock = t.sock
-    try:
-        if isinstance(sock, socket.socket):
-            sock.shutdown(socket.SHUT_RDWR)  # else close() lingers ~80 ms
-    except OSError:
-        pass
-    t.close()
-
-
-def _jump_key(hop: SshTarget) -> tuple:
-    return (hop.hostname, hop.port, hop.user, hop.known_hosts, hop.host_key_policy, tuple(hop.identity_files))
+        for t in [self._t] + self._hops[::-1]:
+            sock = t.sock
+            try:
+                if isinstance(sock, socket.socket):
+                    sock.shutdown(socket.SHUT_RDWR)  # else close() lingers ~80 ms
+            except OSError:
+                pass
+            t.close()
 
 
 def _prefer_ciphers(t: paramiko.Transport) -> None:
@@ -291,24 +279,12 @@ def _agent_keys(target: SshTarget, keys: List[Tuple[str, paramiko.PKey]]) -> Lis
         return []
 
 
-@dataclass
-class _Jump:
-    """One SSH connection to a jump host, shared by every target reached through it."""
-
-    transport: Optional[paramiko.Transport] = None
-    users: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 class Connector:
-    """Opens SSH connections for the hosts of one run; shares known_hosts files between them, and one
-    connection per jump host (ProxyJump): 64 hosts behind one jump host are 64 direct-tcpip channels over
-    one authenticated connection there, not 64 handshakes that would trip its sshd's MaxStartups."""
+    """Opens SSH connections for the hosts of one run; shares known_hosts files between them."""
 
     def __init__(self, timeouts: Timeouts):
         self.timeouts = timeouts
         self._known: Dict[str, KnownHosts] = {}
-        self._jumps: Dict[tuple, _Jump] = {}
         self._lock = threading.Lock()
 
     def known_hosts(self, path: str) -> KnownHosts:
@@ -318,55 +294,21 @@ class Connector:
             return self._known[path]
 
     def connect(self, target: SshTarget) -> SshTransport:
-        if not target.jumps and target.proxy_command:
-            return SshTransport(target.label, self._through_proxy(target), self.timeouts)
-        for attempt in (1, 2):
-            taken: List[tuple] = []
-            via: Optional[paramiko.Transport] = None
-            try:
-                for i in range(len(target.jumps)):
-                    via = self._jump(target, i, taken)
-                sock = self._open_socket(target, target.label, via=via)
-                t = self._handshake(target, sock, label=target.label)
-            except ConnectError:
-                self._release(taken)
-                if attempt == 1 and via is not None and not via.is_active():
-                    continue  # the shared connection to the jump host died under us: a new one, once
-                raise
-            except BaseException:
-                self._release(taken)
-                raise
-            return SshTransport(target.label, t, self.timeouts, release=functools.partial(self._release, taken))
-        raise AssertionError("unreachable")
-
-    def _jump(self, target: SshTarget, i: int, taken: List[tuple]) -> paramiko.Transport:
-        """The shared connection to the target's i-th jump host (made by the first target that needs it)."""
-        key = tuple(_jump_key(h) for h in target.jumps[:i + 1])
-        with self._lock:
-            jump = self._jumps.setdefault(key, _Jump())
-        with jump.lock:
-            if jump.transport is None or not jump.transport.is_active():
-                via = self._jumps[key[:-1]].transport if i else None
-                hop = target.jumps[i]
-                jump.transport = self._handshake(hop, self._open_socket(hop, target.label, via=via), label=hop.label)
-            jump.users += 1
-        taken.append(key)
-        return jump.transport
-
-    def _release(self, taken: List[tuple]) -> None:
-        """Give back these jump connections (innermost first); the last user closes one."""
-        for key in reversed(taken):
-            with self._lock:
-                jump = self._jumps.get(key)
-            if jump is None:
-                continue
-            with jump.lock:
-                jump.users -= 1
-                if jump.users > 0 or jump.transport is None:
-                    continue
-                transport, jump.transport = jump.transport, None
-            _close_transport(transport)
-        taken.clear()
+        hops: List[paramiko.Transport] = []
+        sock = None
+        try:
+            for hop in target.jumps:
+                hop_sock = self._open_socket(hop, target.label, via=hops[-1] if hops else None)
+                hops.append(self._handshake(hop, hop_sock, label=hop.label))
+            if not target.jumps and target.proxy_command:
+                return SshTransport(target.label, self._through_proxy(target), self.timeouts, hops)
+            sock = self._open_socket(target, target.label, via=hops[-1] if hops else None)
+            t = self._handshake(target, sock, label=target.label)
+        except BaseException:
+            for hop in hops:
+                hop.close()
+            raise
+        return SshTransport(target.label, t, self.timeouts, hops)
 
     def _through_proxy(self, target: SshTarget) -> paramiko.Transport:
         """The SSH session over the config's ProxyCommand; when it fails, what the proxy said is shown."""
@@ -393,9 +335,8 @@ class Connector:
         if via is not None:
             try:
                 return via.open_channel("direct-tcpip", (target.hostname, target.port), ("", 0), timeout=timeout)
-            except (paramiko.SSHException, EOFError, OSError) as exc:  # EOFError: the jump host hung up
-                raise ConnectError(label, f"the jump host cannot reach {where}: "
-                                          f"{str(exc) or type(exc).__name__}") from None
+            except (paramiko.SSHException, OSError) as exc:
+                raise ConnectError(label, f"the jump host cannot reach {where}: {exc}") from None
         try:
             sock = socket.create_connection((target.hostname, target.port), timeout=timeout)
         except socket.timeout:
