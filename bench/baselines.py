@@ -3,6 +3,7 @@ parallel ssh, and the paramiko programs of paramiko_tools.py (floor, default SFT
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -11,6 +12,13 @@ from typing import Dict, List, Sequence, Tuple
 from .cluster import HOST_PYTHON, BenchCluster
 
 TOOLS = Path(__file__).resolve().parent / "paramiko_tools.py"
+
+
+def measured_env() -> Dict[str, str]:
+    """This environment for a measured command, less PYTHONDONTWRITEBYTECODE: a user's Python keeps its
+    bytecode caches (pip compiles what it installs), and a Python that compiled clusterrun's modules on every
+    start would time the compiler, not the launcher (some shells here set it)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def rank_command(cluster: BenchCluster, rank: str, script: str, args: Sequence[str], *, folder: str,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from .baselines import measured_env
 from .cluster import BenchCluster, REPO
 from .measure import Recorder, wait_for
 
@@ -37,7 +37,7 @@ class Context:
         return [sys.executable, "-m", "clusterrun", *map(str, args)]
 
     def env(self) -> Dict[str, str]:
-        env = dict(os.environ, CLUSTERRUN_HOME=str(self.state), NO_COLOR="1", CLUSTERRUN_NO_RETENTION="1")
+        env = dict(measured_env(), CLUSTERRUN_HOME=str(self.state), NO_COLOR="1", CLUSTERRUN_NO_RETENTION="1")
         if self.clusterrun_src:
             env["PYTHONPATH"] = str(self.clusterrun_src)
         return env

@@ -33,10 +33,10 @@ from bench.cluster import NAME, REPO, SUBNET, BenchCluster  # noqa: E402
 from bench.context import Context, repo_commit  # noqa: E402
 from bench.measure import Recorder  # noqa: E402
 from bench.sections import exec as exec_section  # noqa: E402
-from bench.sections import (claims, launch, logs, profile, pull, push, relay, restarts, stacks,  # noqa: E402
-                            teardown, training)
+from bench.sections import (attached, claims, launch, logs, profile, pull, push, relay, restarts,  # noqa: E402
+                            stacks, teardown, training)
 
-SECTIONS = ("launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay", "pull",
+SECTIONS = ("attached", "launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay", "pull",
             "stacks", "claims")
 TRAINING_HOSTS = 4  # more ranks than this machine's cores would measure its scheduler, not the launcher
 
@@ -54,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ticks", type=int, default=8, help="delay: lines per rank, one a second")
     p.add_argument("--push-mb", type=int, default=100)
     p.add_argument("--push-files", type=int, default=1000)
+    p.add_argument("--relay-caps", default="1000,200", help="relay: the controller link's caps in Mbit/s (default 1000,200)")
     p.add_argument("--at", metavar="REV", help="benchmark clusterrun/ as committed at REV (e.g. HEAD), exported "
                    "to a temporary folder: edits made meanwhile do not leak into the run")
     p.add_argument("--clusterrun-src", type=Path, help="run clusterrun from this source tree (default: installed)")
@@ -137,6 +138,7 @@ def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: in
         profiles += profile.run_section(ctx, out, a.push_mb, a.push_files, a.log_lines)
         return True
     sections = {
+        "attached": lambda: attached.run_section(ctx, reps),
         "launch": lambda: launch.run_section(ctx, reps),
         "push": lambda: push.run_section(ctx, reps, a.push_mb, a.push_files),
         "logs": lambda: logs.run_section(ctx, reps, a.log_lines, a.ticks, min(reps, a.delay_reps)),
@@ -144,7 +146,8 @@ def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: in
         "training": lambda: training.run_section(ctx, a.train_reps),
         "exec": lambda: exec_section.run_section(ctx, reps),
         "restarts": lambda: restarts.run_section(ctx, reps),
-        "relay": lambda: relay.run_section(ctx, reps, a.push_mb, files=100),
+        "relay": lambda: relay.run_section(ctx, reps, a.push_mb, files=100,
+                                           caps=tuple(int(c) for c in a.relay_caps.split(","))),
         "pull": lambda: pull.run_section(ctx, reps, a.push_mb, a.push_files),
         "stacks": lambda: stacks.run_section(ctx, reps),
         "claims": lambda: claims.run_section(ctx, reps),

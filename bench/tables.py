@@ -43,6 +43,36 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
         ["| " + " | ".join(str(c) for c in row) + " |" for row in rows] + [""]
 
 
+def attached(v: View) -> List[str]:
+    """The attached launch (issue 26): clusterrun against the whole-process floor, serial ssh and pdsh."""
+    rows, cpu_rows = [], []
+    for h in v.hosts("attached"):
+        t = lambda m, metric="time", h=h: num(v("attached", h, m, metric))  # noqa: E731
+        phases = " / ".join(num(v("attached", h, "clusterrun", f"phase_{p}")) for p in ("connect", "push", "start"))
+        rows.append([h, t("clusterrun"), t("floor"), t("floor", "inner"), t("ssh-serial"), t("pdsh"),
+                     times(v.ratio("attached", h, "clusterrun/floor")), times(v.ratio("attached", h, "ssh-serial/clusterrun")),
+                     times(v.ratio("attached", h, "pdsh/clusterrun")), f"{t('clusterrun', 'start')} / {t('floor', 'start')}",
+                     f"{t('clusterrun', 'tail')} / {t('floor', 'tail')}", phases])
+        cpu_rows.append([h] + [f"{t(m, 'cpu')} + {t(m, 'hosts_cpu')} = {t(m, 'total_cpu')}" for m in METHODS_ATTACHED] +
+                        [times(v.ratio("attached", h, "cpu clusterrun/floor")),
+                         times(v.ratio("attached", h, "ctl-cpu clusterrun/floor")),
+                         times(v.ratio("attached", h, "hosts-cpu clusterrun/floor"))])
+    return ["## Attached launch: command → end, a job that exits at once", "",
+            "The whole command as a user waits for it: connect, push (unchanged: nothing sent), start, the job, "
+            "every rank's end seen, the process gone. Floor: a fresh Python that imports paramiko, connects to "
+            "every host in threads, runs the same job and waits (its time after the imports: in-process). Start: "
+            "the last rank's first statement − spawn; tail: the process end − the last rank's last statement.",
+            ""] + table(["hosts", "clusterrun", "floor (whole process)", "floor in-process", "serial ssh loop", "pdsh",
+                         "clusterrun ÷ floor", "serial ÷ clusterrun", "pdsh ÷ clusterrun", "start clusterrun / floor",
+                         "tail clusterrun / floor", "clusterrun phases connect / push / start"], rows) + [
+        "CPU seconds per launch, controller + hosts (every process in the hosts' containers: sshd, the host "
+        "program, the ranks; on this machine they share the controller's cores).", ""] + table(
+        ["hosts"] + list(METHODS_ATTACHED) + ["total ÷ floor", "controller ÷ floor", "hosts ÷ floor"], cpu_rows)
+
+
+METHODS_ATTACHED = ("clusterrun", "floor", "ssh-serial", "pdsh")
+
+
 def launch(v: View) -> List[str]:
     rows = []
     for h in v.hosts("launch"):
@@ -56,7 +86,7 @@ def launch(v: View) -> List[str]:
                      times(v.ratio("launch", h, "ssh-serial/clusterrun")),
                      times(v.ratio("launch", h, "clusterrun/pdsh")), f"{cpu('clusterrun')} / {cpu('floor-job')}",
                      phases])
-    return ["## Launch: command → every rank running", ""] + table(
+    return ["## Launch --detach: command → every rank running", ""] + table(
         ["hosts", "clusterrun", "floor (paramiko threads: connect + `true`)", "floor in-process",
          "fair floor (paramiko starting the job's Python)", "serial ssh loop", "pdsh", "clusterrun ÷ floor",
          "clusterrun ÷ fair floor", "serial ÷ clusterrun", "clusterrun ÷ pdsh",
@@ -163,7 +193,9 @@ def training(v: View) -> List[str]:
          "wall s clusterrun / by hand"], rows)
 
 
-SCALING = [("launch", "time", "s", ("clusterrun", "floor", "ssh-serial", "pdsh")),
+SCALING = [("attached", "time", "s", METHODS_ATTACHED),
+           ("attached", "total_cpu", "CPU s", METHODS_ATTACHED),
+           ("launch", "time", "s", ("clusterrun", "floor", "ssh-serial", "pdsh")),
            ("push", "time", "s", ("clusterrun", "clusterrun-unchanged", "scp", "rsync", "sftp")),
            ("push", "cpu", "CPU s", ("clusterrun", "scp", "rsync", "sftp")),
            ("push", "hosts_cpu", "hosts CPU s", ("clusterrun", "scp", "rsync", "sftp")),
@@ -215,7 +247,7 @@ def markdown(data: dict) -> str:
            "back to back, in a rotating order); ratios are the median over repetitions of the ratio within a "
            "repetition, which cancels the drift of this shared machine; times in seconds. "
            f"Command: `{meta.get('command', '')}`.", ""]
-    for name, part in (("launch", launch), ("push", lambda v: push(v, meta)), ("logs", logs),
+    for name, part in (("attached", attached), ("launch", launch), ("push", lambda v: push(v, meta)), ("logs", logs),
                        ("teardown", teardown), ("training", training), ("pull", lambda v: pull(v, meta)),
                        ("stacks", stacks)):
         if v.hosts(name):

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-from . import stacks
 from .errors import EXIT_FAILED, ClusterrunError, HostsFailed
 from .states import RankState, RunState
 
@@ -50,6 +49,8 @@ class RankResult:
         started, ended = info.get("started_at"), info.get("ended_at")
         note = info.get("error") or ""
         if not note and "stack" in info:  # the hang watch read where the rank was
+            from . import stacks  # only a hung run's records carry stacks
+
             note = stacks.where(stacks.frames_of(info["stack"]))
         return cls(rank, node_rank, host, exit_state(info), exit_code=info.get("exit_code"),
                    signal=info.get("signal"), started_at=started - clock_offset if started else None,
@@ -360,6 +361,8 @@ def _hung(run_id: str, ranks: Tuple[RankResult, ...]) -> Optional[RunOutcome]:
     hung = [r for r in ranks if r.hung]
     if not hung:
         return None
+    from . import stacks
+
     cause = stacks.hang_cause([(r.rank, r.host, r.note) for r in hung])
     groups = {}
     for r in hung:

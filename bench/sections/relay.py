@@ -47,7 +47,7 @@ def methods(n: int) -> List[str]:
     return (["relay"] if n >= 2 else []) + ["direct", "rsync"]
 
 
-def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 100) -> None:
+def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 100, caps=CAPS_MBIT) -> None:
     n, cl = ctx.n, ctx.cluster
     tree = ctx.work / "relay-tree"
     invs = {}
@@ -68,7 +68,7 @@ def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 100) -
         cl.on_all(f"rm -rf ~/{DEST} ~/.clusterrun/runs/* ~/.clusterrun/cache && mkdir -p ~/{DEST}")
 
     try:
-        for cap in CAPS_MBIT:
+        for cap in caps:
             for rep in range(reps):
                 for method in rotate(methods(n), rep):
                     payload = make_tree(tree, data_mb, files, rng)  # fresh content: nothing cached anywhere
@@ -101,7 +101,7 @@ def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 100) -
                         _verify(ctx, tree)
                     ctx.log(f"  relay {n} hosts, {cap} Mbit/s, rep {rep + 1}/{reps}: {method} {done.wall:.2f}s")
         ctx.rec.note(SECTION, n, f"payload per host: {data_mb} MB random data + {files} files of 1-4 KB; "
-                                 f"controller link capped with tbf at {', '.join(map(str, CAPS_MBIT))} Mbit/s")
+                                 f"controller link capped with tbf at {', '.join(map(str, caps))} Mbit/s")
     finally:
         shape(bridge, None)
         clean()
@@ -123,11 +123,17 @@ def _verify(ctx: Context, tree: Path) -> None:
 
 # -------------------------------------------------------------------------------------------------- report
 
+def caps_in(summary: Dict) -> List[int]:
+    """The caps a run measured (its methods are named METHOD@CAP), fastest link first."""
+    return sorted({int(m.split("@")[1]) for h in summary.get(SECTION, {}).values() for m in h if "@" in m},
+                  reverse=True)
+
+
 def rows(summary: Dict) -> List[dict]:
     """Per cap and size: medians of each method, and the relay's time against 1 host's push."""
     sec = summary.get(SECTION, {})
     out = []
-    for cap in CAPS_MBIT:
+    for cap in caps_in(summary):
         one = _get(sec, 1, f"direct@{cap}", "phase_push")
         one_time = _get(sec, 1, f"direct@{cap}", "time")
         for h in sorted(sec, key=int):
@@ -156,7 +162,7 @@ def markdown(summary: Dict) -> str:
     if not table:
         return ""
     f = lambda v, unit="s": "–" if v is None else f"{v:.2f}{unit}"  # noqa: E731
-    lines = ["## Relay push: 100 MB to every host, the controller's link capped", "",
+    lines = ["## Relay push: the same data to every host, the controller's link capped (payload: see the notes)", "",
              "Whole `launch --detach` (clusterrun) or parallel `rsync -a` (every host at once), medians; "
              "*push* is clusterrun's push phase; *÷ 1 host* is the push phase against the push to one host "
              "under the same cap (relay where measured, else direct). Hosts' CPU: every process in the hosts' "
@@ -178,8 +184,9 @@ def plot(summary: Dict, path: Path) -> bool:
     if not table:
         return False
     plt = plotting.pyplot()
-    fig, axes = plt.subplots(1, len(CAPS_MBIT), figsize=(6.2 * len(CAPS_MBIT), 4.4), squeeze=False)
-    for ax, cap in zip(axes[0], CAPS_MBIT):
+    caps = caps_in(summary)
+    fig, axes = plt.subplots(1, len(caps), figsize=(6.2 * len(caps), 4.4), squeeze=False)
+    for ax, cap in zip(axes[0], caps):
         mine = [r for r in table if r["cap"] == cap]
         for key, label in (("relay", "clusterrun, relay push"), ("direct", "clusterrun, direct pushes"),
                            ("rsync", "rsync -a to every host")):
@@ -188,6 +195,6 @@ def plot(summary: Dict, path: Path) -> bool:
                 pts = sorted(pts + [(r["hosts"], r["direct"]) for r in mine if r["hosts"] == 1 and r["direct"]])
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=label, lw=2.5 if key == "relay" else 1.3)
-        plotting.finish_axes(ax, f"Push 100 MB to N hosts, controller link {cap} Mbit/s",
+        plotting.finish_axes(ax, f"Push to N hosts, controller link {cap} Mbit/s",
                              "seconds (median, whole command)", {r["hosts"] for r in mine})
     return plotting.save(fig, path)

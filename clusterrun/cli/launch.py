@@ -108,11 +108,13 @@ def _routes(inv: "Inventory") -> dict:
 
 def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool, wait: bool = False,
             wait_timeout: Optional[float] = None) -> int:
+    from ..hosts.client import make_connect
+
+    connect = make_connect(inv.timeouts, ahead=inv.hosts)  # the handshakes go on while the rest loads
+
     from rich.text import Text
 
     from ..errors import HostsBusy
-
-    from ..hosts.client import make_connect
     from ..hosts.manifest import HashCache
     from ..launch.runner import Runner
     from ..states import RunState
@@ -128,7 +130,7 @@ def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool, wait: bo
         view.handle(ev)
         retention.on_event(ev)
 
-    runner = Runner(inv, run_id, store=registry, connect=make_connect(inv.timeouts), secrets=secrets,
+    runner = Runner(inv, run_id, store=registry, connect=connect, secrets=secrets,
                     emit=emit, detach=detach, hash_cache=HashCache(os.path.join(registry.home, "hashes.json")),
                     wait=wait, wait_timeout=wait_timeout)
     view.err.print(Text(f"run {run_id}: {sum(h.slots for h in inv.hosts)} ranks on {len(inv.hosts)} hosts",

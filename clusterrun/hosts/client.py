@@ -9,18 +9,22 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 from ..config.inventory import Host, Timeouts
 from ..errors import (CommandTimeout, ConnectError, HostError, RemoteCommandError, StartError, UnsafeWorkdir)
-from ..remote import (BOOTSTRAP, EXIT_PROGRAM_MISSING, EXIT_UNSAFE_WORKDIR, INSTALLER, PROGRAM_ID, SOURCE,
-                      UNSAFE_WORKDIR)
+from .. import remote
+from ..remote import BOOTSTRAP, EXIT_PROGRAM_MISSING, EXIT_UNSAFE_WORKDIR, INSTALLER, PROGRAM_ID, UNSAFE_WORKDIR
 from ..transport import Stream, StreamClosed, Transport
+from .group import background
 from .manifest import Manifest
-from .pull import PullStream
 from .relay import RelayGroup
 from .push import HeldPush, PushChannel, push_result
 from .wire import FollowStream, Prepended, ProgramMissing, Samples, exit_code_of, offer, pack_msg, read_msg
+
+if TYPE_CHECKING:
+    from .pull import PullStream
 
 T = TypeVar("T")
 
@@ -44,8 +48,8 @@ class HostClient:
         return [self.host.python, "-S", "-c", BOOTSTRAP, self.host.workdir, PROGRAM_ID, command, *args]
 
     def install(self) -> None:
-        done = self.transport.run([self.host.python, "-c", INSTALLER, self.host.workdir, PROGRAM_ID], stdin=SOURCE,
-                                  timeout=self.timeouts.command)
+        done = self.transport.run([self.host.python, "-c", INSTALLER, self.host.workdir, PROGRAM_ID,
+                                   remote.SOURCE_SHA256], stdin=remote.SOURCE, timeout=self.timeouts.command)
         if done.exit_code != 0:
             raise self._command_failed("cannot install clusterrun's host program", done.exit_code, done.stderr)
         self._installed = True
@@ -110,9 +114,11 @@ class HostClient:
             raise RemoteCommandError(self.label, reply["error"], exit_code=done.exit_code)
         return done.stdout
 
-    def pull(self, run_id: str, paths: Sequence[str]) -> PullStream:
+    def pull(self, run_id: str, paths: Sequence[str]) -> "PullStream":
         """What the PATHs select in the run's folder on this host, listed (sizes, modes, SHA-256); the
         PullStream then fetches the files wanted (remote/host/observe/pull.py)."""
+        from .pull import PullStream
+
         def attempt() -> PullStream:
             stream = self.transport.open(self.argv("pull", run_id))
             pull = PullStream(stream, self.label, self.timeouts.command)
@@ -337,12 +343,20 @@ def _last_json(stdout: bytes) -> object:
         return None
 
 
-def make_connect(timeouts: Timeouts) -> Callable[[Host], HostClient]:
-    """Host → connected HostClient; paramiko is imported only when some host needs SSH."""
+def make_connect(timeouts: Timeouts, ahead: Sequence[Host] = ()) -> Callable[[Host], HostClient]:
+    """Host → connected HostClient; paramiko is imported only when some host needs SSH. ahead: hosts to
+    start connecting to now, in the background (a launch: the handshakes go on while the rest of the
+    controller loads); the first connect(host) of each takes that connection, or its error."""
     connector: list = []
     lock = threading.Lock()
+    early: Dict[str, "Future[HostClient]"] = {}
 
     def connect(host: Host) -> HostClient:
+        with lock:
+            future = early.pop(host.name, None)
+        return future.result() if future is not None else fresh(host)
+
+    def fresh(host: Host) -> HostClient:
         if host.connection == "local":
             from ..transport.local import LocalTransport
 
@@ -366,4 +380,6 @@ def make_connect(timeouts: Timeouts) -> Callable[[Host], HostClient]:
         except Exception as exc:  # whatever paramiko raises: still a connection problem of this host
             raise ConnectError(host.name, f"{type(exc).__name__}: {exc}") from None
 
+    for host in ahead:
+        early[host.name] = background(fresh, host, thread_name=f"connect-{host.name}")
     return connect

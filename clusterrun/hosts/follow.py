@@ -71,11 +71,13 @@ class LogFiles:
 class Follower(threading.Thread):
     def __init__(self, *, node_rank: int, host: str, ranks: Iterable[int], files: LogFiles, world_size: int,
                  attempt_key: str, client: Callable[[bool], HostClient], out: "queue.Queue", host_lost_s: float,
-                 offsets: Optional[Dict[Hashable, int]] = None, once: bool = False, aux: Sequence[str] = ()):
+                 offsets: Optional[Dict[Hashable, int]] = None, once: bool = False, aux: Sequence[str] = (),
+                 first: Optional[FollowStream] = None):
         """ranks: the ranks expected on this host (under torchrun more may turn up: any below world_size).
         aux: names of the host's auxiliary streams, by index (("torchrun",) under torchrun). offsets:
         bytes already copied, by rank or ("a", index). client(reconnect) gives the host's client, a fresh
-        connection when reconnect is true."""
+        connection when reconnect is true. first: a stream already flowing from offset 0 (the launch's start
+        on the push's channel), followed before any `follow` command is asked for."""
         super().__init__(name=f"follow-{host}", daemon=True)
         self.node_rank = node_rank
         self.host = host
@@ -87,6 +89,7 @@ class Follower(threading.Thread):
         self._out = out
         self._host_lost_s = host_lost_s
         self._once = once
+        self._first = first
         self._copies: Dict[Hashable, LogCopy] = {}
         self._split: Dict[Hashable, LineSplitter] = {}
         self.offsets: Dict[Hashable, int] = dict(offsets or {})
@@ -115,6 +118,8 @@ class Follower(threading.Thread):
         except Exception as exc:  # never die silently: the monitor waits for FollowDone or HostLost
             ended = HostLost(self.node_rank, self.host, f"following its logs failed: {type(exc).__name__}: {exc}")
         finally:
+            if self._first is not None:  # stopped before it was read
+                self._first.close()
             for copy in self._copies.values():
                 copy.close()
         if ended is not None:
@@ -124,7 +129,8 @@ class Follower(threading.Thread):
         reconnect = False
         while not self._halt.is_set():
             try:
-                stream = self._client(reconnect).follow(self.attempt_key, self.offsets, once=self._once)
+                stream, self._first = self._first or self._client(reconnect).follow(
+                    self.attempt_key, self.offsets, once=self._once), None
             except (HostError, StreamClosed, OSError) as exc:
                 if self._silent_too_long():
                     return HostLost(self.node_rank, self.host, f"no answer for {self._host_lost_s:g} s ({exc})")

@@ -13,12 +13,9 @@ from __future__ import annotations
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Dict, Optional, Sequence, TypeVar, Union
 
 from ..errors import HostError, HostsFailed
-
-if TYPE_CHECKING:
-    from .client import HostClient
 
 T = TypeVar("T")
 MAX_THREADS = 64
@@ -93,10 +90,10 @@ def fan_out_background(items: Sequence[T], fn: Callable[[T], object], *, name: C
                          name=f"{thread_name}-{name(item)}").start()
 
 
-def on_hosts(items: Sequence[T], connect: Callable[[Any], "HostClient"], fn: Callable[[T, "HostClient"], object],
+def on_hosts(items: Sequence[T], connect: Callable[[Any], Any], fn: Callable[[T, Any], object],
              *, host: Callable[[T], Any] = lambda item: item.host, thread_name: str = "hosts") -> GroupResult:
-    """Connect to every item's host and run fn(item, client) there, all in parallel, each connection
-    closed after; results and errors by host name."""
+    """Connect to every item's host and run fn(item, client) there (connect: make_connect's, giving a
+    HostClient), all in parallel, each connection closed after; results and errors by host name."""
     def one(item: T) -> object:
         client = connect(host(item))
         try:

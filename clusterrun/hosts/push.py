@@ -13,7 +13,7 @@ from ..errors import CommandTimeout, ConnectError, PushError, SetupError, StartE
 from ..transport import Stream, StreamClosed
 from .manifest import Manifest, objects_to_send, read_chunks
 from .relay import RelayGroup
-from .wire import offer, pack_msg, read_msg
+from .wire import FollowStream, offer, pack_msg, read_msg
 
 BATCH = 1 << 20
 
@@ -165,20 +165,32 @@ class HeldPush:
 
     def start(self, spec: dict) -> dict:
         """Start the run (spec with env and secrets goes to a 0600 file); the supervisor's state."""
+        return self._start(spec, follow=False)[0]
+
+    def start_following(self, spec: dict) -> Tuple[dict, FollowStream]:
+        """Start the run, then follow it on this same channel (remote/host/push/receive.py): the state, and
+        the run's follow frames from its first byte; no second command, round trip or interpreter on the
+        host for an attached launch."""
+        return self._start(spec, follow=True)
+
+    def _start(self, spec: dict, follow: bool) -> Tuple[dict, Optional[FollowStream]]:
         stream, self._stream = self._stream, None
         label, timeout = self.label, self.timeouts.command
+        keep = False
         try:
-            stream.write(pack_msg({"start": spec}), timeout)
+            stream.write(pack_msg({"start": spec, "follow": {}} if follow else {"start": spec}), timeout)
             answer = read_msg(stream, timeout)
+            keep = follow and "error" not in answer
         except TimeoutError:
             raise CommandTimeout(label, f"start: no answer within {timeout:g} s") from None
         except StreamClosed as exc:
             raise ConnectError(label, f"connection lost while starting: {exc}") from None
         finally:
-            stream.close()
+            if not keep:
+                stream.close()
         if "error" in answer:
             raise StartError(label, answer["error"])
-        return answer["state"]
+        return answer["state"], FollowStream(stream, label) if keep else None
 
     def wait(self, spec: dict, mesh: dict) -> dict:
         """--detach --wait: hand the job to a detached waiter on the host, which starts it with this spec when

@@ -15,6 +15,7 @@ from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RankExit, RunGone
 from ..hosts.group import fan_out_background
 from ..hosts.logs import tail_lines
+from ..hosts.wire import FollowStream
 from ..outcome import EndedBy, RankResult, RunOutcome, decide, root_cause
 from ..plan import LaunchPlan, known_addresses
 from ..registry.store import RunStore
@@ -31,11 +32,13 @@ class _StopDone:
 
 class Monitor:
     def __init__(self, plan: LaunchPlan, store: RunStore, *, client: Callable[[int], HostClient],
+                 streams: Optional[Dict[int, FollowStream]] = None,
                  reconnect: Callable[[int], HostClient], emit: Callable[[object], None], events: "queue.Queue",
                  timeouts: Timeouts, t0: float, restarts_allowed: int = 0, inventory: str = "INVENTORY"):
         self.plan = plan
         self.store = store
         self._client = client
+        self._streams = dict(streams or {})  # node rank -> its follow frames, already flowing (the push's channel)
         self._reconnect = reconnect
         self._emit = emit
         self._q = events
@@ -100,7 +103,7 @@ class Monitor:
             f = Follower(node_rank=node.node_rank, host=node.host.name, ranks=[r.rank for r in node.ranks],
                          files=files, world_size=self.plan.world_size, attempt_key=self.plan.attempt_key,
                          client=self._client_for(node.node_rank), out=self._q, host_lost_s=self._timeouts.host_lost,
-                         aux=("torchrun",) if node.torchrun else ())
+                         aux=("torchrun",) if node.torchrun else (), first=self._streams.pop(node.node_rank, None))
             followers[node.node_rank] = f
             f.start()
         return followers

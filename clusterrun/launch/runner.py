@@ -8,8 +8,8 @@ renders. Host work fans out to threads; every phase reports all failed hosts at 
 
 from __future__ import annotations
 
+import os
 import queue
-from secrets import token_hex
 import threading
 import time
 from concurrent.futures import Future
@@ -24,14 +24,13 @@ from ..events import HostDone, HostProgress, Notice, Phase, Waiting
 from ..hosts.claims import ClaimGroup, WaitStatus, claim_request, start_claim, wait_mesh, who
 from ..hosts.client import HostClient
 from ..hosts.push import HeldPush
-from ..hosts.forward import Forwarder, PortSpec, banner
+from ..hosts.wire import FollowStream
 from ..hosts.group import GroupResult, background, fan_out
 from ..hosts.relay import RelayGroup
 from ..hosts.relay import for_push as relay_for_push
 from ..hosts.manifest import HashCache, Manifest, build_manifest
 from ..outcome import RunOutcome
 from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, setup_request
-from ..registry.pull import pull_files, pull_targets
 from ..registry.store import RunStore, controller_identity
 from ..states import Cleanup, HostState, RankState, RunState
 from . import restarts
@@ -71,7 +70,8 @@ class Runner:
         self._phases: List[tuple] = []
         self.monitor: Optional[Monitor] = None
         self._held: Dict[int, HeldPush] = {}  # pushed, waiting for their start on the push's channel
-        self._peer_token = token_hex(16)  # the hosts' supervisors authenticate each other with it
+        self._streams: Dict[int, FollowStream] = {}  # started and followed on that channel, until the monitor takes them
+        self._peer_token = os.urandom(16).hex()  # the hosts' supervisors authenticate each other with it
         self._coordinator_port: Optional[int] = None
         self._started: List[int] = []
         self._plan: Optional[LaunchPlan] = None  # the attempt being launched or followed
@@ -142,6 +142,8 @@ class Runner:
             if self._claims is not None:
                 self._claims.abort()  # a push thread still waiting in line stops waiting
             self._abandon_held()
+            for stream in self._take_streams().values():  # never followed (the launch ended before)
+                stream.close()
             with self._lock:
                 clients = list(self._clients.values())
             for client in clients:
@@ -158,6 +160,8 @@ class Runner:
         lives, in one background loop (hosts/forward.py); a port taken here is passed over, said once."""
         if not self.inv.job.ports:
             return
+        from ..hosts.forward import Forwarder, PortSpec, banner
+
         note = lambda text: self._post(Notice(f"job.ports: {text}", "warning"))  # noqa: E731
         forwarder = Forwarder(lambda port: self._rank0_client().transport.tunnel(port),
                               [PortSpec(p, p) for p in self.inv.job.ports], on_note=note,
@@ -186,6 +190,8 @@ class Runner:
             self._emit(Notice(f"job.outputs not pulled: rank 0's host was lost; `clusterrun pull {self.run_id}` "
                               "once it is back", "warning"))
             return
+        from ..registry.pull import pull_files, pull_targets
+
         record = self.store.get(self.run_id)
         folder, targets = pull_targets(self.store, record)
         seen = len(self._interrupts)
@@ -236,7 +242,8 @@ class Runner:
         threads still post (a lost host's stop ending late) never reaches the next one."""
         if plan.attempt:
             self._q = queue.Queue(maxsize=64)
-        self.monitor = Monitor(plan, self.store, client=lambda node_rank: self._client(plan.nodes[node_rank].index),
+        self.monitor = Monitor(plan, self.store, streams=self._take_streams(),
+                               client=lambda node_rank: self._client(plan.nodes[node_rank].index),
                                reconnect=lambda node_rank: self._reconnect(plan.nodes[node_rank].index),
                                emit=self._emit, events=self._q, timeouts=self.inv.timeouts, t0=self._t0,
                                restarts_allowed=self.inv.job.restarts, inventory=self.inv.path)
@@ -538,10 +545,15 @@ class Runner:
                                                         port=self._wait_port, timeout=left))
             self._post(HostDone("wait", node.host.name, time.monotonic() - t))
             return
-        if plan.attempt == 0:  # on the channel that pushed the job
+        if plan.attempt == 0:  # on the channel that pushed the job, which then follows the run (attached)
             with self._lock:
                 held = self._held.pop(node.node_rank)
-            state = held.start(self._spec(plan, node))
+            if self._detach:
+                state = held.start(self._spec(plan, node))
+            else:
+                state, stream = held.start_following(self._spec(plan, node))
+                with self._lock:
+                    self._streams[node.node_rank] = stream
         else:  # a restart: the job is there already, the attempt gets a folder of its own
             state = self._client(node.index).start(plan.attempt_key, self._spec(plan, node))
         if node.node_rank == 0 and plan.attempt:  # the other hosts' supervisors join rank 0's (peers.py)
@@ -564,6 +576,11 @@ class Runner:
             self._fan_out("start", plan.nodes[1:], lambda n: self._start_node(plan, n), interruptible=False)
         if self._interrupts and not self._detach:
             raise Interrupted("start")
+
+    def _take_streams(self) -> Dict[int, FollowStream]:
+        with self._lock:
+            streams, self._streams = self._streams, {}
+        return streams
 
     def _abandon_held(self) -> None:
         """Hosts that received the job but were not started remove it when their channel closes."""

@@ -22,16 +22,20 @@ def host_sources():
     return sorted(out)
 
 
+def _entries():
+    """(name in the zip, bytes) of everything the host program is made of."""
+    return [("__main__.py", _MAIN)] + [(f"clusterrun_host/{rel}", data) for rel, data in host_sources()]
+
+
 def _build_zip() -> bytes:
     """The package as one zip with a __main__.py (it travels in one write and is unpacked on the host);
-    fixed timestamps keep its bytes, and so its id, the same wherever it is built from the same sources."""
+    fixed timestamps keep its bytes the same wherever it is built from the same sources."""
     import io
     import zipfile
 
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        entries = [("__main__.py", _MAIN)] + [(f"clusterrun_host/{rel}", data) for rel, data in host_sources()]
-        for arcname, data in entries:
+        for arcname, data in _entries():
             info = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o600 << 16
             zf.writestr(info, data)
@@ -42,17 +46,25 @@ _BUILT: dict = {}
 
 
 def __getattr__(name: str):
-    """SOURCE (the zip) and PROGRAM_ID (its content id), built on first use: commands that never talk to
-    a host program (`ps` from the registry, `--help`) do not pay for zipping and hashing it.
+    """PROGRAM_ID (the content id: a hash over every file's name and bytes), and SOURCE (the zip) with its
+    SHA-256 SOURCE_SHA256 (which the installer checks), made on first use: commands that never talk to a
+    host program (`ps` from the registry, `--help`) do not read its sources, and only an install zips them.
 
     Hosts keep every version they were sent under its content id, so controllers of different versions
     can work on the same host side by side."""
-    if name in ("SOURCE", "PROGRAM_ID"):
-        if not _BUILT:
-            import hashlib
+    import hashlib
 
+    if name == "PROGRAM_ID":
+        if name not in _BUILT:
+            digest = hashlib.sha256()
+            for arcname, data in _entries():
+                digest.update(b"%s\0%d\0" % (arcname.encode(), len(data)) + data)
+            _BUILT[name] = digest.hexdigest()[:16]
+        return _BUILT[name]
+    if name in ("SOURCE", "SOURCE_SHA256"):
+        if "SOURCE" not in _BUILT:
             source = _build_zip()
-            _BUILT.update(SOURCE=source, PROGRAM_ID=hashlib.sha256(source).hexdigest()[:16])
+            _BUILT.update(SOURCE=source, SOURCE_SHA256=hashlib.sha256(source).hexdigest())
         return _BUILT[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -70,19 +82,20 @@ _TRUST = (
     ",sys.exit(96));"
 )
 # One line each (csh and fish also run them): find the program under the workdir and run it, or exit
-# 97 so the controller installs it. The installer checks the content id, then unpacks the zip into a
+# 97 so the controller installs it. The installer checks the zip's SHA-256, then unpacks it into a
 # folder of its own (renamed into place), so the host's Python caches its bytecode from the second run on.
 BOOTSTRAP = (
-    "import os,sys,runpy;w=os.path.expanduser(sys.argv[1]);" + _TRUST +
+    "import os,sys;w=os.path.expanduser(sys.argv[1]);" + _TRUST +
     "a=os.path.join(w,'bin','host-'+sys.argv[2]);"
     "os.path.isfile(os.path.join(a,'__main__.py')) or sys.exit(97);"
-    "sys.argv=[a,sys.argv[1]]+sys.argv[3:];"
-    "runpy.run_path(a,run_name='__main__')"
+    "sys.argv=[a,sys.argv[1]]+sys.argv[3:];sys.path.insert(0,a);"
+    # what runpy.run_path(a) would do, without runpy's own imports on every command
+    "from clusterrun_host.main import main;sys.exit(main(sys.argv))"
 )
 INSTALLER = (
     "import os,sys,io,shutil,hashlib,zipfile;os.umask(0o077);w=os.path.expanduser(sys.argv[1]);" + _TRUST +
     "d=os.path.join(w,'bin');os.makedirs(d,0o700,exist_ok=True);b=sys.stdin.buffer.read();"
-    "hashlib.sha256(b).hexdigest()[:16]==sys.argv[2] or sys.exit(98);"
+    "hashlib.sha256(b).hexdigest()==sys.argv[3] or sys.exit(98);"
     "t=os.path.join(d,'.host-%d.tmp'%os.getpid());zipfile.ZipFile(io.BytesIO(b)).extractall(t);"
     "f=os.path.join(d,'host-'+sys.argv[2]);"
     # another controller may have installed the same version a moment ago: keep its copy

@@ -10,10 +10,12 @@ on construction. A ProxyJump hop is what fabric's gateway does: a `direct-tcpip`
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import logging
 import socket
 import threading
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import paramiko  # transport/__init__ keeps invoke out of this import
@@ -229,14 +231,23 @@ def _prefer_key_types(t: paramiko.Transport, offered: Sequence[str]) -> None:
             t.get_security_options().key_types = usable
 
 
+class Dropped(ConnectError):
+    """The host closed the connection before it said a word of SSH: sshd turning away a connection past
+    its MaxStartups (too many unauthenticated at once), what a bastion in front of many hosts does first."""
+
+
 def _start_client(t: paramiko.Transport, target: SshTarget, label: str, offered: Sequence[str],
                   timeout: float) -> None:
     """The key exchange; the transport is closed where it fails."""
+    t0 = time.monotonic()
     try:
         t.start_client(timeout=timeout)
     except (paramiko.SSHException, EOFError, OSError) as exc:
         t.close()
         text = str(exc) or type(exc).__name__
+        if not t.remote_version and time.monotonic() - t0 < min(timeout, 2.0):  # closed at once, no banner
+            raise Dropped(label, f"{target.hostname}:{target.port} closed the connection before its SSH banner "
+                                 f"({text}; sshd's MaxStartups?)") from None
         if "host key" in text.lower() and offered:
             raise HostKeyChanged(label, f"{target.hostname} no longer offers a host key of the type on record "
                                         f"({', '.join(offered)}): {text}", fingerprint="?",
@@ -279,6 +290,46 @@ def _agent_keys(target: SshTarget, keys: List[Tuple[str, paramiko.PKey]]) -> Lis
         return []
 
 
+class Gate:
+    """How many connections to one sshd may be between TCP connect and authentication at once. sshd's
+    MaxStartups counts exactly those (OpenSSH's default 10:30:100 starts turning some away at 10): a
+    launch to 64 hosts behind one jump host would otherwise open 64 at once there. A connection turned
+    away (Dropped) lowers the limit to fewer than were in flight then, and is tried again."""
+
+    LIMIT = 8  # under OpenSSH's default MaxStartups start (10), with room for someone else's ssh
+
+    def __init__(self, limit: int = LIMIT):
+        self.limit = limit
+        self.active = 0
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> "Gate":
+        with self._cond:
+            while self.active >= self.limit:
+                self._cond.wait()
+            self.active += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self.active -= 1
+            self._cond.notify_all()
+
+    def dropped(self) -> None:
+        with self._cond:
+            self.limit = max(1, min(self.limit, self.active) - 1)
+
+
+_gates: Dict[Tuple[str, int], Gate] = {}
+_gates_lock = threading.Lock()
+
+
+def gate(hostname: str, port: int) -> Gate:
+    """The one Gate of this process for an sshd (by the name and port it is reached at)."""
+    with _gates_lock:
+        return _gates.setdefault((hostname, port), Gate())
+
+
 class Connector:
     """Opens SSH connections for the hosts of one run; shares known_hosts files between them."""
 
@@ -295,20 +346,34 @@ class Connector:
 
     def connect(self, target: SshTarget) -> SshTransport:
         hops: List[paramiko.Transport] = []
-        sock = None
         try:
             for hop in target.jumps:
-                hop_sock = self._open_socket(hop, target.label, via=hops[-1] if hops else None)
-                hops.append(self._handshake(hop, hop_sock, label=hop.label))
+                hops.append(self._reach(hop, target.label, hop.label, via=hops[-1] if hops else None))
             if not target.jumps and target.proxy_command:
                 return SshTransport(target.label, self._through_proxy(target), self.timeouts, hops)
-            sock = self._open_socket(target, target.label, via=hops[-1] if hops else None)
-            t = self._handshake(target, sock, label=target.label)
+            t = self._reach(target, target.label, target.label, via=hops[-1] if hops else None)
         except BaseException:
             for hop in hops:
                 hop.close()
             raise
         return SshTransport(target.label, t, self.timeouts, hops)
+
+    def _reach(self, target: SshTarget, label: str, hop_label: str,
+               via: Optional[paramiko.Transport]) -> paramiko.Transport:
+        """An authenticated connection to target (a jump host or the host itself), paced by its sshd's Gate;
+        one turned away at once (Dropped) is tried again, until timeouts.connect has passed."""
+        door = gate(target.hostname, target.port)
+        deadline = time.monotonic() + self.timeouts.connect
+        while True:
+            with door:
+                sock = self._open_socket(target, label, via=via)
+                try:
+                    return self._handshake(target, sock, label=hop_label)
+                except Dropped:
+                    door.dropped()
+                    if time.monotonic() >= deadline:
+                        raise
+            time.sleep(random.uniform(0.05, 0.25))  # the others in flight get through meanwhile
 
     def _through_proxy(self, target: SshTarget) -> paramiko.Transport:
         """The SSH session over the config's ProxyCommand; when it fails, what the proxy said is shown."""

@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -184,3 +185,40 @@ Host broken
     (answer,) = json.loads(done.stdout)
     assert f"said: proxy: no route to {cluster.host('node2').address}" in answer["error"], answer
     assert "Traceback" not in done.stderr  # paramiko's threads no longer print their own copy
+
+
+def sshd_reload(cluster, host):
+    """SIGHUP the host's sshd (tini's only child) so it rereads its config; new connections get it."""
+    rc, out, err = cluster.exec(host, ["sh", "-c", "kill -HUP $(cat /proc/1/task/1/children)"], user="root")
+    assert rc == 0, err
+    time.sleep(0.5)
+
+
+def test_many_hosts_behind_one_jump_host_are_paced_under_its_max_startups(cr, cluster, tmp_path):
+    """Issue 26: every host behind a jump host needs its own connection there, and a launch opened them all
+    at once: past sshd's MaxStartups the jump host turns the rest away before its banner. Connections to
+    one sshd are now paced (at most 8 between TCP connect and authentication), and one turned away lowers
+    that and is tried again: with MaxStartups 2:100:2 on the jump host (a third unauthenticated
+    connection is always refused), 6 hosts behind it (two per machine) all answer, round after round."""
+    n = {name: cluster.host(name).address for name in ("node0", "node1", "node2", "node3")}
+    conf = tmp_path / "ssh_config"
+    conf.write_text(f"Host gate\n    HostName {n['node0']}\n    User cr\n    IdentityFile {cluster.key_path}\n" +
+                    "".join(f"Host t{i}\n    HostName {n[f'node{1 + i % 3}']}\n    User cr\n    IdentityFile "
+                            f"{cluster.key_path}\n    ProxyJump gate\n" for i in range(6)))
+    cr.env["CLUSTERRUN_SSH_CONFIG"] = str(conf)
+    inv = cr.inventory(edit_hosts=lambda hosts: hosts.__setitem__(slice(None), [
+        {"name": f"t{i}", "host": f"t{i}", "addr": n[f"node{1 + i % 3}"]} for i in range(6)]))
+    # zz-: sshd takes the last MaxStartups it reads (not the first, as for most keywords)
+    rc, _, err = cluster.exec("node0", ["sh", "-c", "echo 'MaxStartups 2:100:2' > "
+                                                    "/etc/ssh/sshd_config.d/zz-maxstartups.conf"], user="root")
+    assert rc == 0, err
+    sshd_reload(cluster, "node0")
+    try:
+        for _ in range(3):
+            done = cr.run("exec", inv, "--json", "--", "hostname")
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert sorted(o["stdout"].strip() for o in json.loads(done.stdout)) == sorted(
+                f"node{1 + i % 3}" for i in range(6))
+    finally:
+        cluster.exec("node0", ["rm", "-f", "/etc/ssh/sshd_config.d/zz-maxstartups.conf"], user="root")
+        sshd_reload(cluster, "node0")

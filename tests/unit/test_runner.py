@@ -46,6 +46,8 @@ class FakeHost:
         self.stops = []
         self.reachable_for_stop = True
         self.clock_offset = 0.0
+        self.followed_on_push = False  # an attached launch's first attempt: start_following
+        self.follow_commands = 0  # `follow` commands asked for (a reconnect, a restart's attempt)
 
     def log(self, rank, text):
         off = self.world.offsets.get(rank, 0)
@@ -75,6 +77,11 @@ class FakeHeld:
         self.h.world.calls.append(("start-end", self.h.name))
         return {"supervisor": {"pid": 1}}
 
+    def start_following(self, spec):
+        """An attached launch's start: the run's follow frames then come on the push's channel (hosts/push.py)."""
+        self.h.followed_on_push = True
+        return self.start(spec), FakeStream(self.h)
+
     def abandon(self):
         self.h.world.calls.append(("abandon", self.h.name))
 
@@ -99,6 +106,7 @@ class FakeAgent:
                         41234 if want_port else None, 50000 if coordinator else None, claim=granted)
 
     def follow(self, run_id, offsets, once=False):
+        self.h.follow_commands += 1
         return FakeStream(self.h)
 
     def free_port(self):
@@ -202,6 +210,8 @@ def test_success_runs_phases_in_order_and_every_host_starts_at_once(tmp_path):
     record = w.store.get("20261130-000000-abcd")
     assert record.state == "succeeded" and [r.state for r in record.ranks] == ["succeeded"] * 4
     assert (tmp_path / "state" / "runs" / "20261130-000000-abcd" / "rank-2.log").read_bytes() == b"hello\n"
+    # followed on the channel that pushed and started (issue 26): no second command per host
+    assert all(h.followed_on_push and h.follow_commands == 0 for h in w.hosts.values())
 
 
 def test_first_failure_stops_every_host_and_is_the_root_cause(tmp_path):

@@ -21,8 +21,6 @@ source rides along: hosts/probe.py) and by `bandwidth`.
 import os
 import socket
 import struct
-import subprocess
-import threading
 import time
 
 RTF_UP = 0x1
@@ -247,6 +245,8 @@ class System:
 
     def run(self, argv):
         """A command's output ("" when it cannot run): `ip`, only as the fallback."""
+        import subprocess  # the push finds the interface without it: its import is paid only here
+
         try:
             return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=2.0,
                                   check=False).stdout.decode("utf-8", "replace")
@@ -287,6 +287,8 @@ def lookup_many(names, timeout=LOOKUP_TIMEOUT):
         except (OSError, UnicodeError) as exc:
             box["error"] = str(exc)
         box["seconds"] = round(time.time() - box["t0"], 3)
+
+    import threading  # `check`'s lookups only
 
     for name in names:
         if name not in boxes:

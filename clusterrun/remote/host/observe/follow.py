@@ -14,6 +14,7 @@ expect here; they are always below the world size.
 
 import json
 import os
+import select
 import sys
 import time
 
@@ -31,6 +32,9 @@ AUX = ("launcher.log",)  # auxiliary streams, by index
 SEND_AT_ONCE = 4 * CHUNK  # read per file per round, then sent in CHUNK-sized frames
 STUCK_AFTER = 8.0  # a rank connecting this long without an answer is reported (the rendezvous watchdog)
 STUCK_FORGET = 5.0
+# Reading /proc/net/tcp walks the kernel's whole connection table (milliseconds on a big host): not in a
+# run's first seconds, when no rank can have been connecting for STUCK_AFTER yet
+STUCK_FROM = 2.0
 
 
 def emit(kind, rank, offset, payload):
@@ -41,18 +45,25 @@ def emit(kind, rank, offset, payload):
 
 def cmd_follow(run_dir, offsets_json, *flags):
     once = "--once" in flags
-    raw = json.loads(offsets_json)
-    offsets = {int(k): int(v) for k, v in raw.items() if not k.startswith("a")}
-    offsets.update({("a", int(k[1:])): int(v) for k, v in raw.items() if k.startswith("a")})
     spec, state = load_state(run_dir)
     if spec is None:
         raise Fail("the run was not started on this host", "missing", run_dir)
-    return Follow(run_dir, spec, state, offsets, once).run()
+    return Follow(run_dir, spec, state, parse_offsets(json.loads(offsets_json)), once).run()
+
+
+def parse_offsets(raw):
+    """{"<rank>": bytes, "a<index>": bytes} as {rank: bytes, ("a", index): bytes}."""
+    offsets = {int(k): int(v) for k, v in raw.items() if not k.startswith("a")}
+    offsets.update({("a", int(k[1:])): int(v) for k, v in raw.items() if k.startswith("a")})
+    return offsets
 
 
 class Follow:
-    def __init__(self, run_dir, spec, state, offsets, once):
+    def __init__(self, run_dir, spec, state, offsets, once, wake=None):
+        """wake: (the read end of the pipe the supervisor writes to at every exit record, its pid), when this
+        process started it (push/receive.py): an exit is sent the moment it is recorded, not a nap later."""
         self.run_dir, self.spec, self.state, self.offsets, self.once = run_dir, spec, state, offsets, once
+        self.wake, self.supervisor = wake if wake is not None else (None, None)
         self.dynamic = spec.get("launcher") == "torchrun"
         self.ranks = rank_ids(spec, state)
         self.aux = [("a", i) for i in range(len(AUX))] if self.dynamic else []
@@ -87,10 +98,25 @@ class Follow:
             if self.state is None:
                 self.state = read_json(os.path.join(self.run_dir, "state.json"))
             if not progressed:
-                time.sleep(IDLE_SLEEP)
+                self.idle()
+
+    def idle(self):
+        """Nap until there may be more to send: IDLE_SLEEP, or less when the supervisor wrote an exit record."""
+        if self.wake is None:
+            time.sleep(IDLE_SLEEP)
+            return
+        if select.select([self.wake], [], [], IDLE_SLEEP)[0] and not os.read(self.wake, 4096):
+            os.close(self.wake)  # the supervisor ended (this process is its parent: reap it)
+            self.wake = None
+            try:
+                os.waitpid(self.supervisor, 0)
+            except (ChildProcessError, TypeError):
+                pass
 
     def stuck(self, now):
         """[{rank, remote, seconds}] for ranks that have been connecting without an answer for a while."""
+        if now - ((self.state or {}).get("started_at") or now) < STUCK_FROM:
+            return []
         for rank, pid in self._watched():
             for remote in connecting([pid]) if pid else ():
                 since, _ = self.stuck_since.get((rank, remote), (now, now))

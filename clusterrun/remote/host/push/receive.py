@@ -9,6 +9,8 @@ Protocol (framed JSON messages, common.read_msg/send_msg; object bytes raw in be
   host       → {ok, received, objects, files}  or  {error, kind, path}
   (hold only) controller → {setup: {...}}; host → setup.py's messages      (only where job.setup is set)
   (hold only) controller → {start: spec};  host → {state}     (end of input instead: the run is removed)
+             with {start: spec, follow: offsets} (an attached launch), the host then sends the run's follow
+             frames on this channel until the end, as the `follow` command would (observe/follow.py)
   (hold, --detach --wait) controller → {wait: {spec, mesh}};  host → {waiting: {pid}}: a detached waiter
              holds the job until its turn (share/waiter.py; rank 0's host bound its port in the first answer,
              "wait_port")
@@ -19,10 +21,7 @@ supervisor adopts the claim at the start; a push that ends otherwise removes it.
 """
 
 import errno
-import hashlib
 import os
-import platform
-import shutil
 import socket
 import sys
 
@@ -45,7 +44,7 @@ REQUEUE = "requeue"  # _run's word that the launch wants another round of claims
 
 def host_facts(port, master_addr, workdir=""):
     """What launch's preflight needs to know, found while the push goes on (no extra round trip)."""
-    facts = {"python": platform.python_version(), "executable": sys.executable}
+    facts = {"python": sys.version.split()[0], "executable": sys.executable}  # as platform.python_version()
     facts["net"] = find_interface(master_addr)  # network: {ifname: auto} (net/ifaces.py)
     if port:  # rank 0's fixed master port must be free, bound the way torch's store binds it
         family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
@@ -312,7 +311,8 @@ class Push:
         """Why this push cannot go ahead (no room, a run folder already there), or None once it is made
         (make_dir: now; with a claim, only once the launch confirmed it)."""
         os.makedirs(self.cache, 0o700, exist_ok=True)
-        free = shutil.disk_usage(self.cache).free
+        st = os.statvfs(self.cache)
+        free = st.f_bavail * st.f_frsize  # as shutil.disk_usage
         if need + RUN_RESERVE > free:  # a push that fits but leaves no room to start is refused now, not later
             return {"missing": [], "error": "not enough disk space: the push needs %d bytes (and the run %d more "
                     "for its own files), %d free" % (need, RUN_RESERVE, free), "kind": "disk_full", "path": self.cache}
@@ -348,6 +348,8 @@ class Push:
             self.current = final
             self.folder(os.path.dirname(final))
             tmp = "%s.tmp-%d" % (final, os.getpid())
+            import hashlib  # only a push that sends something pays for loading it
+
             digest = hashlib.sha256()
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o555 if exe else 0o444)
         try:
@@ -396,6 +398,8 @@ class Push:
             try:
                 os.link(src, dest)
             except OSError:
+                import shutil
+
                 shutil.copy2(src, dest)  # another file system, or too many links
         for (sha, exe), src in linked.items():  # checked (or received) just now; a link changes the ctime
             self.index.note(sha, exe, os.stat(src), later=True)
@@ -433,6 +437,8 @@ class Push:
     def undo(self):
         """Nothing has started: leave no partial run behind, and give the space back (the disk may be full)."""
         if self.made_run_dir:
+            import shutil
+
             shutil.rmtree(self.run_dir, ignore_errors=True)
         for path in self.created:
             try:
@@ -474,7 +480,24 @@ class Push:
             spec["peers"]["listen_fd"] = self.coordinator.fileno()  # the supervisor (a fork) keeps it open
         if self.claim is not None:
             spec["claim"] = self.claim.spec_claim(spec.get("claim"))  # the supervisor adopts it (run/start.py)
-        state = start_run(self.run_dir, spec)
+        follow = message.get("follow")  # an attached launch follows the run on this channel
+        wake = os.pipe() if follow is not None else None
+        state = start_run(self.run_dir, spec, wake=wake)
         if self.claim is not None:
             self.claim.handed = True
         send_msg({"state": state})
+        if follow is not None:
+            self.follow(spec, state, follow, wake[0])
+
+    def follow(self, spec, state, offsets, wake):
+        """Become the run's `follow` (observe/follow.py) on this channel: no second command, connection round
+        trip or interpreter for the launch to follow what it started. What the push held goes first: the
+        supervisor has its own copies of the sockets it needs."""
+        from ..observe.follow import Follow, parse_offsets
+
+        for sock in (self.coordinator, self.wait_server):
+            if sock is not None:
+                sock.close()
+        self.coordinator = self.wait_server = None
+        supervisor = (state.get("supervisor") or {}).get("pid")
+        Follow(self.run_dir, spec, state, parse_offsets(offsets), False, wake=(wake, supervisor)).run()

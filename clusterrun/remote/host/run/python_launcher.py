@@ -13,8 +13,8 @@ from .supervisor import Supervisor
 class RankSupervisor(Supervisor):
     """launcher python: one process per rank, each in its own process group (its pid)."""
 
-    def __init__(self, run_dir, spec):
-        Supervisor.__init__(self, run_dir, spec)
+    def __init__(self, run_dir, spec, wake_fd=None):
+        Supervisor.__init__(self, run_dir, spec, wake_fd)
         self.procs = {}
         self.stopped = set()  # ranks clusterrun stopped
 

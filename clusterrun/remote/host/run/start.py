@@ -6,6 +6,7 @@ this host (share/claims.py), the supervisor adopts it before any rank starts and
 
 import json
 import os
+import select
 import sys
 import time
 
@@ -13,8 +14,6 @@ from ..disk.lock import run_lock
 from ..files import read_json, write_json_atomic
 from ..paths import exit_path, job_dir, run_root, stacks_dir
 from ..wire import Fail, reply
-from .python_launcher import RankSupervisor
-from .torchrun import TorchrunSupervisor
 
 
 
@@ -23,20 +22,21 @@ def cmd_start(run_dir):
     return 0
 
 
-def start_run(run_dir, spec):
+def start_run(run_dir, spec, wake=None):
     """Write the spec (0600), fork the detached supervisor, and return its state once the ranks run; under
-    the run folder's lock, which `clean` takes too (disk/lock.py)."""
+    the run folder's lock, which `clean` takes too (disk/lock.py). wake: a pipe (read end, write end) the
+    supervisor writes to at every exit record, for a follower in this process (push/receive.py)."""
     lock = run_lock(run_root(run_dir), wait=30.0)
     if lock is None:
         raise Fail("the run folder is gone or stays locked (a `clusterrun clean` on this host?)", "missing",
                    run_dir)
     try:
-        return _start_locked(run_dir, spec, lock)
+        return _start_locked(run_dir, spec, lock, wake)
     finally:
         os.close(lock)
 
 
-def _start_locked(run_dir, spec, lock):
+def _start_locked(run_dir, spec, lock, wake):
     if not os.path.isdir(job_dir(run_dir)):
         raise Fail("the job was not pushed to this host", "missing", run_dir)
     if run_root(run_dir) != run_dir:  # a restart: its own folder beside the first attempt's files
@@ -50,10 +50,15 @@ def _start_locked(run_dir, spec, lock):
     write_json_atomic(os.path.join(run_dir, "spec.json"), spec)
     os.makedirs(stacks_dir(run_dir), 0o700, exist_ok=True)  # where the ranks' bootstrap dumps (bootstrap.py)
     sys.stdout.flush()
+    own = wake is None
+    if own:  # the supervisor says when its state is written (what it writes after that goes unread)
+        wake = os.pipe()
     pid = os.fork()  # the supervisor is this process's twin: no second interpreter start-up
     if pid == 0:
         code, claim = 1, None
         os.close(lock)  # the lock is this start's, not the run's life long (the next attempt takes it)
+        os.close(wake[0])
+        os.set_blocking(wake[1], False)  # a follower that stopped reading never holds the supervisor up
         try:
             os.setsid()  # its own session: the SSH channel closing (SIGHUP, EOF) never reaches it
             os.chdir(run_dir)
@@ -65,13 +70,28 @@ def _start_locked(run_dir, spec, lock):
             os.close(null)
             os.close(log)
             claim = _adopt(spec)
-            code = supervise(run_dir)
+            code = supervise(run_dir, wake[1])
         except BaseException:
             import traceback
             traceback.print_exc()
         finally:
             _give_up(claim, run_dir, spec)
             os._exit(code)
+    os.close(wake[1])
+    try:
+        state = _await_state(run_dir, pid, wake[0])
+    finally:
+        if own:
+            os.close(wake[0])
+    if state is not None:
+        return state
+    with open(os.path.join(run_dir, "supervisor.log"), "rb") as fh:
+        tail = fh.read()[-2000:].decode("utf-8", "replace")
+    raise Fail("the supervisor did not start: " + (tail or "no output"), "start")
+
+
+def _await_state(run_dir, pid, ready):
+    """The supervisor's state once it has written it (it pokes `ready` then), or None when it ended first."""
     deadline = time.time() + 30
     state_file = os.path.join(run_dir, "state.json")
     while time.time() < deadline:
@@ -79,11 +99,10 @@ def _start_locked(run_dir, spec, lock):
         if state is not None:
             return state
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            break
-        time.sleep(0.002)
-    with open(os.path.join(run_dir, "supervisor.log"), "rb") as fh:
-        tail = fh.read()[-2000:].decode("utf-8", "replace")
-    raise Fail("the supervisor did not start: " + (tail or "no output"), "start")
+            return None
+        if select.select([ready], [], [], 0.05)[0] and not os.read(ready, 64):
+            time.sleep(0.002)  # the supervisor is ending: the next waitpid tells
+    return None
 
 
 def _adopt(spec):
@@ -117,7 +136,10 @@ def _give_up(claim, run_dir, spec):
         pass
 
 
-def supervise(run_dir):
+def supervise(run_dir, wake_fd=None):
     spec = read_json(os.path.join(run_dir, "spec.json"))
-    supervisor = TorchrunSupervisor if spec.get("launcher") == "torchrun" else RankSupervisor
-    return supervisor(run_dir, spec).run()
+    if spec.get("launcher") == "torchrun":  # imported here, in the supervisor: the push's answer does not wait
+        from .torchrun import TorchrunSupervisor as supervisor
+    else:
+        from .python_launcher import RankSupervisor as supervisor
+    return supervisor(run_dir, spec, wake_fd).run()

@@ -7,6 +7,7 @@ hang.py) when no rank anywhere has written a line for that long.
 """
 
 import os
+import select
 import signal
 import sys
 import time
@@ -16,10 +17,8 @@ from ..paths import exit_path
 from ..procs import MARKER_ENV, attempt_key, group_alive, process_marker, start_ticks
 from ..secrets import scrub_run
 from ..wire import PROTOCOL
-from . import notify
 from .hang import HangWatch
 from .oom import OomWatch
-from .peers import Coordinator, Peer
 
 # Why a supervisor stopped its ranks (exit records carry it as "stop_reason").
 TIME_LIMIT = "time-limit"
@@ -32,8 +31,11 @@ class Supervisor:
     stop.json, or with fail_fast a failed rank) as TERM, then KILL after the grace, to every process
     group it started. Subclasses start the processes and say which groups are theirs."""
 
-    def __init__(self, run_dir, spec):
+    TICK = 0.05  # the loop's longest sleep; a child's end (SIGCHLD) or a signal cuts it short
+
+    def __init__(self, run_dir, spec, wake_fd=None):
         os.umask(0o077)
+        self.wake_fd = wake_fd  # a follower on the push's channel waits on it: written at every exit record
         self.run_dir = run_dir
         self.spec = spec
         self.grace = float(spec.get("grace", 10))
@@ -46,8 +48,12 @@ class Supervisor:
         limit = spec.get("time_limit")  # seconds left of the run's time limit when this host started
         self.deadline = self.started + float(limit) if limit else None
         peers = spec.get("peers") or {}
-        self.coordinator = Coordinator(peers, self.log) if peers.get("coordinator") else None
-        self.peer = Peer(peers, int(spec.get("node_rank", 0)), self.log) if peers.get("addr") else None
+        self.coordinator = self.peer = None
+        if peers.get("coordinator") or peers.get("addr"):  # a run of one host has no mesh (nor its imports)
+            from .peers import Coordinator, Peer
+
+            self.coordinator = Coordinator(peers, self.log) if peers.get("coordinator") else None
+            self.peer = Peer(peers, int(spec.get("node_rank", 0)), self.log) if peers.get("addr") else None
         self.told_failure = self.told_done = False
         self.mesh_errors = 0
         self.hang = HangWatch.of(self)
@@ -77,6 +83,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: self.requested.append(signum))
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        alarm = self.alarm()
         self.start()
         self.write_state()
         while self.running() or self.cleanup or self.serving(time.time()):
@@ -85,7 +92,7 @@ class Supervisor:
             self.reap_leftovers(now)
             self.talk(now)
             self.forward_stop(now)
-            time.sleep(0.05)
+            self.nap(alarm, self.TICK)
         self.talk(time.time())
         if self.peer is not None:
             self.peer.finish(time.time() + 2.0)
@@ -94,8 +101,42 @@ class Supervisor:
                 side.close()
         scrub_run(self.run_dir, self.spec)
         write_json_atomic(os.path.join(self.run_dir, "done.json"), {"ended_at": time.time()})
-        notify.at_end(self)  # the run's result is settled: nothing a notify command does can change it
+        if (self.spec.get("notify") or {}).get("commands"):
+            from . import notify
+
+            notify.at_end(self)  # the run's result is settled: nothing a notify command does can change it
         return 0
+
+    @staticmethod
+    def alarm():
+        """A pipe the signal machinery writes to on SIGCHLD (a rank ended), TERM or INT: the loop's nap ends
+        at once, so a rank's end is recorded (and followed) within a millisecond, not the next tick."""
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # a handler: else nothing is written
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        return r
+
+    @staticmethod
+    def nap(alarm, seconds):
+        if select.select([alarm], [], [], seconds)[0]:
+            try:
+                os.read(alarm, 4096)
+            except BlockingIOError:
+                pass
+
+    def poke(self):
+        """Tell the process that started this supervisor that the state or an exit record was written (the
+        start waits for the state; a follower on the push's channel sends an exit the moment it is here)."""
+        if self.wake_fd is not None:
+            try:
+                os.write(self.wake_fd, b"x")
+            except BlockingIOError:  # full: there is a byte to wake it already
+                pass
+            except OSError:  # nobody reads any more (the start returned, or the follower left)
+                os.close(self.wake_fd)
+                self.wake_fd = None
 
     def state(self):
         state = {"protocol": PROTOCOL, "attempt_key": attempt_key(self.spec),
@@ -139,6 +180,7 @@ class Supervisor:
 
     def write_state(self):
         write_json_atomic(os.path.join(self.run_dir, "state.json"), self.state())
+        self.poke()
 
     def record(self, rank, **fields):
         self.exits[rank] = dict({"rank": rank, "exit_code": None, "signal": None, "ended_at": time.time(),
@@ -154,6 +196,7 @@ class Supervisor:
             if why:
                 self.exits[rank]["error"] = why
         write_json_atomic(exit_path(self.run_dir, rank), self.exits[rank])
+        self.poke()
 
     def watch_group(self, pgid, now):
         """A process of ours ended: TERM what it left in its group now, KILL it two seconds later."""

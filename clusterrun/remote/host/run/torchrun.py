@@ -44,8 +44,8 @@ def launcher_error(run_dir):
 
 
 class TorchrunSupervisor(Supervisor):
-    def __init__(self, run_dir, spec):
-        Supervisor.__init__(self, run_dir, spec)
+    def __init__(self, run_dir, spec, wake_fd=None):
+        Supervisor.__init__(self, run_dir, spec, wake_fd)
         self.proc = None
         self.launcher = {}
         self.restarts = 0
