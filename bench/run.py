@@ -39,6 +39,9 @@ from bench.sections import (attached, claims, launch, logs, profile, pull, push,
 SECTIONS = ("attached", "launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay", "pull",
             "stacks", "claims")
 TRAINING_HOSTS = 4  # more ranks than this machine's cores would measure its scheduler, not the launcher
+# sections that move a lot of data or run long per host: measured up to --heavy-max hosts only, so one run can
+# take the launch sections to 64 hosts without pushing 100 MB to each of them
+HEAVY = ("push", "logs", "teardown", "pull", "profile", "exec", "stacks")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ticks", type=int, default=8, help="delay: lines per rank, one a second")
     p.add_argument("--push-mb", type=int, default=100)
     p.add_argument("--push-files", type=int, default=1000)
+    p.add_argument("--heavy-max", type=int, default=16,
+                   help=f"the heavy sections ({', '.join(HEAVY)}) only up to this many hosts (default 16)")
     p.add_argument("--relay-caps", default="1000,200", help="relay: the controller link's caps in Mbit/s (default 1000,200)")
     p.add_argument("--at", metavar="REV", help="benchmark clusterrun/ as committed at REV (e.g. HEAD), exported "
                    "to a temporary folder: edits made meanwhile do not leak into the run")
@@ -130,10 +135,12 @@ def meta(a: argparse.Namespace, argv) -> dict:
 def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: int, out: Path,
             profiles: list) -> bool:
     """One section at one size; False when it does not apply to this size."""
-    if name in ("training", "restarts") and hosts != TRAINING_HOSTS:
+    if name in ("training", "restarts") and hosts != max((h for h in a.host_list if h <= TRAINING_HOSTS), default=0):
+        return False  # at 4 hosts (or the largest size of the run under that)
+    if name in HEAVY and hosts > a.heavy_max:
         return False
     if name == "profile":
-        if hosts != max(a.host_list):
+        if hosts != max(h for h in a.host_list if h <= a.heavy_max):
             return False
         profiles += profile.run_section(ctx, out, a.push_mb, a.push_files, a.log_lines)
         return True

@@ -18,7 +18,7 @@ import random
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import UsageError
 from .config import placeholders
@@ -345,3 +345,20 @@ def plan_to_dict(plan: LaunchPlan) -> dict:
                    "ranks": [{"rank": r.rank, "local_rank": r.local_rank, "argv": list(r.argv),
                               "env": dict(r.env)} for r in n.ranks]} for n in plan.nodes],
     }
+
+
+def interfaces_text(plan: LaunchPlan) -> str:
+    """"GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME: eth1 on every host" (or per host), "" when none is set."""
+    chosen = {n.host.name: n.network.ifname for n in plan.nodes if n.network and n.network.ifname and n.network.env}
+    if not chosen:
+        return ""
+    names = "/".join(next(n.network.env for n in plan.nodes if n.host.name in chosen))
+    values = set(chosen.values())
+    if len(values) == 1 and len(chosen) == len(plan.nodes):
+        return f"{names}={values.pop()} on every host"
+    return f"{names}: " + ", ".join(f"{host} {ifname}" for host, ifname in chosen.items())
+
+
+def rank_rows(plan: LaunchPlan) -> List[dict]:
+    """The registry's rows for the plan's ranks."""
+    return [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks]

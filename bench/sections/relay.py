@@ -99,6 +99,8 @@ def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 100, c
                             raise RuntimeError(f"relay/{name}: {sent} + {relayed} bytes reached the hosts, "
                                                f"not {n} x {payload}")
                         _verify(ctx, tree)
+                        for metric, value in breakdown(rec["hosts"], done.t0).items():
+                            record(name, metric, value, rep)
                     ctx.log(f"  relay {n} hosts, {cap} Mbit/s, rep {rep + 1}/{reps}: {method} {done.wall:.2f}s")
         ctx.rec.note(SECTION, n, f"payload per host: {data_mb} MB random data + {files} files of 1-4 KB; "
                                  f"controller link capped with tbf at {', '.join(map(str, caps))} Mbit/s")
@@ -107,6 +109,34 @@ def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 100, c
         clean()
         shutil.rmtree(tree, ignore_errors=True)
     ctx.check_no_leftovers(SECTION)
+
+
+def breakdown(hosts: List[dict], t0: float) -> Dict[str, float]:
+    """Where a push's time went, from what each host reported (its push_detail, wall clock: the containers
+    share this machine's clock): the barrier (spawn → the chain laid out, i.e. every host connected and
+    said what it lacks), the chain head's first byte after that, the per-hop latency (median gap between
+    one host's first byte and the next host's), the stream (first byte anywhere → last byte everywhere),
+    and per host (mean) the seconds spent hashing, writing and passing on."""
+    details = [h.get("push_detail") or {} for h in hosts]
+    out: Dict[str, float] = {}
+    laid = [d["laid_out"] for d in details if d.get("laid_out")]
+    firsts = [d["first"] for d in details if d.get("first")]
+    lasts = [d["last"] for d in details if d.get("last")]
+    if laid:
+        out["barrier"] = min(laid) - t0
+        chain = sorted((d["node"], d["first"]) for d in details if "node" in d and d.get("first"))
+        if chain:
+            out["head_first_byte"] = chain[0][1] - min(laid)
+        gaps = sorted(b[1] - a[1] for a, b in zip(chain, chain[1:]))
+        if gaps:
+            out["hop"] = gaps[len(gaps) // 2]
+    if firsts and lasts:
+        out["stream"] = max(lasts) - min(firsts)
+    for key in ("hash_s", "write_s", "pass_s"):
+        values = [d[key] for d in details if key in d]
+        if values:
+            out[key] = sum(values) / len(values)
+    return out
 
 
 def _verify(ctx: Context, tree: Path) -> None:
@@ -176,6 +206,23 @@ def markdown(summary: Dict) -> str:
                      f"| {f(r['direct_push'])} | {f(r['rsync'])} | {f(r['vs_one'], '×')} | {f(r['vs_one_time'], '×')} "
                      f"| {f(r['relay_hosts_cpu'])} / {f(r['direct_hosts_cpu'])} "
                      f"| {f(r['relay_hosts_cpu'] / CORES if r['relay_hosts_cpu'] else None)} |")
+    lines += ["", "Where the time goes (medians; from the hosts' own reports, bench/sections/relay.py `breakdown`): "
+              "*barrier*: spawn → the chain laid out (every host connected, claimed and said what it lacks); "
+              "*head*: → the chain head's first byte; *hop*: the median gap between one host's first byte and the "
+              "next one's; *stream*: first byte anywhere → last byte everywhere; per host, seconds hashing "
+              "(SHA-256 of what it keeps), writing and passing on.", "",
+              "| cap | hosts | method | barrier | head | hop | stream | hash | write | pass on |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    sec = summary.get(SECTION, {})
+    for cap in caps_in(summary):
+        for h in sorted(sec, key=int):
+            for m in ("relay", "direct"):
+                cell = lambda metric, m=m, h=h, cap=cap: f(_get(sec, h, f"{m}@{cap}", metric))  # noqa: E731
+                if _get(sec, h, f"{m}@{cap}", "stream") is None:
+                    continue
+                lines.append(f"| {cap} Mbit/s | {h} | {m} | {cell('barrier')} | {cell('head_first_byte')} "
+                             f"| {cell('hop')} | {cell('stream')} | {cell('hash_s')} | {cell('write_s')} "
+                             f"| {cell('pass_s')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -27,6 +27,7 @@ class PushResult:
     repaired: int = 0  # cached objects found changed on the host (a job wrote to a pushed file): sent again
     relayed: int = 0  # object bytes that came from another host (relay push), not from the controller
     relay_notes: Tuple[str, ...] = ()  # what failed on the relay path (the rest then came directly)
+    timing: Optional[dict] = None  # where the push's time went on the host (remote/host/push/receive.py)
 
 
 class PushChannel:
@@ -132,7 +133,8 @@ def push_result(sent: int, answer: dict, result: dict, seconds: float) -> PushRe
     """The push's figures, from the host's first answer (what it repaired) and its last (what it holds)."""
     return PushResult(sent_bytes=sent, objects=result["objects"], files=result["files"], seconds=seconds,
                       repaired=len(answer.get("repaired") or ()), relayed=result.get("relayed") or 0,
-                      relay_notes=tuple(result.get("relay_notes") or ()))
+                      relay_notes=tuple(result.get("relay_notes") or ()),
+                      timing=result.get("timing") if isinstance(result.get("timing"), dict) else None)
 
 
 def push_hint(kind: str) -> str:

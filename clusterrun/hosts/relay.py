@@ -67,6 +67,7 @@ class RelayGroup:
     _gone: set = field(default_factory=set)
     _chain: Optional[List[int]] = None
     _pays: Optional[bool] = None
+    laid_out_at: Optional[float] = None  # when the last host arrived and the chain was laid out (time.time())
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def pays(self, manifest) -> bool:
@@ -98,6 +99,7 @@ class RelayGroup:
                 self._cond.wait(left)
             if self._chain is None:
                 self._chain = self._lay_out()
+                self.laid_out_at = time.time()
             chain = self._chain
         if index not in chain:  # came after the chain was laid out: a direct push of its own
             return {"from": "controller", "objects": [list(o) for o in self._seats[index].missing],
@@ -121,7 +123,8 @@ class RelayGroup:
     def _instructions(self, chain: List[int], j: int) -> dict:
         out = {"from": "controller" if j == 0 else "peer", "objects": [list(o) for o in self._stream(chain[j:])],
                "downstream": None, "token": self.token, "node": j, "wait": self.connect_wait,
-               "timeout": self.silence, "upstream_addr": self._seats[chain[j - 1]].addr if j else None}
+               "timeout": self.silence, "upstream_addr": self._seats[chain[j - 1]].addr if j else None,
+               "laid_out": self.laid_out_at}
         if j + 1 < len(chain):
             nxt = self._seats[chain[j + 1]]
             out["downstream"] = {"addr": nxt.addr, "port": nxt.port, "node": j + 1, "name": nxt.name,

@@ -8,6 +8,7 @@ renders. Host work fans out to threads; every phase reports all failed hosts at 
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
@@ -17,26 +18,26 @@ from dataclasses import replace
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..config.inventory import Host, Inventory, inventory_snapshot
-from ..config.sizes import size_text
 from .. import outcome
-from ..errors import ClaimDropped, ClusterrunError, ConnectError, HostBusy, HostsBusy, HostsFailed
+from ..errors import ClusterrunError, HostsFailed
 from ..events import HostDone, HostProgress, Notice, Phase, Waiting
-from ..hosts.claims import ClaimGroup, WaitStatus, claim_request, start_claim, wait_mesh, who
+from ..hosts.claims import WaitStatus, wait_mesh
 from ..hosts.client import HostClient
-from ..hosts.push import HeldPush
-from ..hosts.wire import FollowStream
 from ..hosts.group import GroupResult, background, fan_out
 from ..hosts.relay import RelayGroup
 from ..hosts.relay import for_push as relay_for_push
 from ..hosts.manifest import HashCache, Manifest, build_manifest
 from ..outcome import RunOutcome
-from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, setup_request
+from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_rows, setup_request
 from ..registry.store import RunStore, controller_identity
-from ..states import Cleanup, HostState, RankState, RunState
+from ..states import Cleanup, HostState, RunState
 from . import restarts
 from .job_setup import run_setup
+from .around import PortForwards, pull_outputs
+from .claiming import LaunchClaims, prepare_failure
+from .hostset import Closed, HostSet
 from .monitor import Monitor
-from .preflight import preflight, preflight_error
+from .preflight import checked_plan, preflight
 from .spec import host_spec
 
 Connect = Callable[[Host], HostClient]
@@ -54,7 +55,6 @@ class Runner:
         self.inv = inv
         self.run_id = run_id
         self.store = store
-        self._connect = connect
         self._secrets = dict(secrets)
         self._emit = emit
         self._detach = detach
@@ -62,30 +62,23 @@ class Runner:
         self._checks = checks
         # bounded: a slow terminal pushes back on the followers and the SSH window, never on the ranks
         self._q: "queue.Queue" = queue.Queue(maxsize=64)
-        self._clients: Dict[int, HostClient] = {}
+        self.hosts = HostSet(connect)  # each host's connection, held push, follow stream
         self._lock = threading.Lock()
         self._interrupts: List[float] = []
-        self._closing = False
         self._t0 = time.monotonic()
         self._phases: List[tuple] = []
         self.monitor: Optional[Monitor] = None
-        self._held: Dict[int, HeldPush] = {}  # pushed, waiting for their start on the push's channel
-        self._streams: Dict[int, FollowStream] = {}  # started and followed on that channel, until the monitor takes them
         self._peer_token = os.urandom(16).hex()  # the hosts' supervisors authenticate each other with it
         self._coordinator_port: Optional[int] = None
-        self._started: List[int] = []
         self._plan: Optional[LaunchPlan] = None  # the attempt being launched or followed
         # claims on the hosts' slots and GPUs (hosts/claims.py): one launch's place in line on every host
-        self._wait, self._wait_timeout = wait, wait_timeout
-        self._ticket = (time.time(), run_id)
-        self._claims: Optional[ClaimGroup] = None
-        self._claim_requests: Dict[int, dict] = {}  # by inventory index; hosts with claims off have none
-        self._gpus: Dict[int, Tuple[int, ...]] = {}  # the GPUs each host's claim took
-        self._waited = False
+        self._wait_timeout = wait_timeout
+        self.claims = LaunchClaims(inv, run_id, wait=wait, wait_timeout=wait_timeout, detach=detach,
+                                   on_wait=self._on_wait)
         self._handoff = False  # --detach --wait with a host busy: the hosts' waiters start it in its turn
         self._wait_port: Optional[int] = None  # where they meet (rank 0's host, bound during the push)
         self._network: Dict[int, dict] = {}  # by inventory index: the interface its push found (plan.net_choice)
-        self._forwarding: Optional[Tuple[List[bool], Future]] = None  # job.ports: (stop flag, the loop)
+        self._forwarding: Optional[PortForwards] = None  # job.ports, while an attached run lives
 
     # -------------------------------------------------------------- signals
 
@@ -105,7 +98,7 @@ class Runner:
         plan = build_plan(self.inv, self.run_id)
         self.store.create(self.run_id, self.inv.path, inventory_snapshot(self.inv), plan_to_dict(plan),
                           controller_identity(), [{"node_rank": n.index, "name": n.host.name} for n in plan.nodes],
-                          _rank_rows(plan), restarts=self.inv.job.restarts)
+                          rank_rows(plan), restarts=self.inv.job.restarts)
         self._plan = plan
         try:
             # what to push is worked out while the connections are being made
@@ -114,7 +107,7 @@ class Runner:
             plan = self._plan = self._preflight(plan)
             if self.inv.job.setup:
                 self._phase("setup", lambda: self._setup_all(plan, manifest.result()))
-            self._handoff = self._claims is not None and self._claims.handed_off
+            self._handoff = self.claims.handed_off
             self._phase("wait" if self._handoff else "start", lambda: self._start_all(plan))
             if self._detach:
                 # no controller from now on; who launched it stays on record (`stop` refuses anyone else)
@@ -123,11 +116,15 @@ class Runner:
                                       detached=1, controller={"host": ident["host"], "user": ident["user"]})
                 return self._timed(outcome.queued(self.run_id) if self._handoff else outcome.detached(self.run_id))
             self.store.update_run(self.run_id, state=RunState.RUNNING)
-            self._forward_ports()
+            if self.inv.job.ports:
+                self._forwarding = PortForwards(self.inv.job.ports, self._rank0_client, plan.nodes[0].host.name,
+                                                self._emit, self._post)
             result = self._invoke_run(plan)
             self._stop_forwards()
             if self.inv.job.outputs:  # a failed run's too: its partial results are the evidence
-                self._pull_outputs(result)
+                seen = len(self._interrupts)
+                pull_outputs(self.store, self.run_id, result, self._rank0_client, emit=self._emit, post=self._post,
+                             drain=self._drain, stopped=lambda: len(self._interrupts) > seen)
             return replace(result, phases=tuple(self._phases) + (("run", result.seconds),), seconds=self._elapsed())
         except Interrupted:
             self._undo(self._plan, grace=0.0 if self.force_requested else self.inv.timeouts.grace)
@@ -138,16 +135,8 @@ class Runner:
             raise
         finally:
             self._stop_forwards()
-            self._closing = True
-            if self._claims is not None:
-                self._claims.abort()  # a push thread still waiting in line stops waiting
-            self._abandon_held()
-            for stream in self._take_streams().values():  # never followed (the launch ended before)
-                stream.close()
-            with self._lock:
-                clients = list(self._clients.values())
-            for client in clients:
-                client.close()
+            self.claims.abort()  # a push thread still waiting in line stops waiting
+            self.hosts.close()
 
     # -------------------------------------------------------------- around the run: ports, outputs
 
@@ -155,60 +144,10 @@ class Runner:
         """The connection to rank 0's host of the attempt being run (restarts may move rank 0)."""
         return self._client(self._plan.nodes[0].index)
 
-    def _forward_ports(self) -> None:
-        """job.ports: each reaches localhost:PORT on rank 0's host from 127.0.0.1:PORT here while the run
-        lives, in one background loop (hosts/forward.py); a port taken here is passed over, said once."""
-        if not self.inv.job.ports:
-            return
-        from ..hosts.forward import Forwarder, PortSpec, banner
-
-        note = lambda text: self._post(Notice(f"job.ports: {text}", "warning"))  # noqa: E731
-        forwarder = Forwarder(lambda port: self._rank0_client().transport.tunnel(port),
-                              [PortSpec(p, p) for p in self.inv.job.ports], on_note=note,
-                              on_taken=lambda spec, why: self._emit(Notice(f"job.ports: {why}: port {spec.remote} "
-                                                                           "not forwarded", "warning")))
-        for spec in forwarder.bound:  # queued: shown once the run's own lines begin
-            self._post(Notice(banner(spec.remote, spec.local, self._plan.nodes[0].host.name), "info"))
-        stop: List[bool] = []
-        self._forwarding = (stop, background(forwarder.serve, lambda: bool(stop), thread_name="forward"))
-
     def _stop_forwards(self) -> None:
         if self._forwarding is not None:
-            stop, served = self._forwarding
-            self._forwarding = None
-            stop.append(True)
-            try:
-                served.result(timeout=2.0)
-            except Exception:  # the forwarding loop's end must not change the run's
-                pass
-
-    def _pull_outputs(self, result: RunOutcome) -> None:
-        """job.outputs from rank 0's host over its open connection, into runs/RUN/outputs/ here (the
-        registry notes it: `clean` keeps runs whose outputs were never pulled). A Ctrl-C stops the pull
-        (the next `clusterrun pull` continues it); nothing here changes the run's result."""
-        if any(r.state is RankState.LOST and r.node_rank == 0 for r in result.ranks):
-            self._emit(Notice(f"job.outputs not pulled: rank 0's host was lost; `clusterrun pull {self.run_id}` "
-                              "once it is back", "warning"))
-            return
-        from ..registry.pull import pull_files, pull_targets
-
-        record = self.store.get(self.run_id)
-        folder, targets = pull_targets(self.store, record)
-        seen = len(self._interrupts)
-        self._emit(Phase("pull"))
-        try:
-            result = pull_files(self.store, record, targets, lambda host: self._rank0_client(), record.outputs, folder,
-                                post=self._post, poll=self._drain, stop=lambda: len(self._interrupts) > seen,
-                                require=False)
-        except ClusterrunError as exc:
-            self._emit(Notice(f"job.outputs not pulled: {exc}; `clusterrun pull {self.run_id}` later", "warning"))
-            return
-        for h in result.hosts:
-            unmatched = f"; matched nothing: {', '.join(h.unmatched)}" if h.unmatched else ""
-            self._emit(Notice(f"job.outputs: {h.files} files from {h.host} in {h.folder} ({h.fetched} fetched, "
-                              f"{size_text(h.received)}){unmatched}"))
-        for err in result.failed.values():
-            self._emit(Notice(f"job.outputs not pulled: {err}; `clusterrun pull {self.run_id}` later", "warning"))
+            forwarding, self._forwarding = self._forwarding, None
+            forwarding.stop()
 
     # -------------------------------------------------------------- attempts
 
@@ -242,7 +181,7 @@ class Runner:
         threads still post (a lost host's stop ending late) never reaches the next one."""
         if plan.attempt:
             self._q = queue.Queue(maxsize=64)
-        self.monitor = Monitor(plan, self.store, streams=self._take_streams(),
+        self.monitor = Monitor(plan, self.store, streams=self.hosts.take_streams(),
                                client=lambda node_rank: self._client(plan.nodes[node_rank].index),
                                reconnect=lambda node_rank: self._reconnect(plan.nodes[node_rank].index),
                                emit=self._emit, events=self._q, timeouts=self.inv.timeouts, t0=self._t0,
@@ -258,13 +197,12 @@ class Runner:
         self._emit(Phase("start", f"attempt {nxt.attempt + 1}"))
         plan = self._plan = restarts.attempt_plan(self.inv, self.run_id, nxt, lambda i: self._client(i).free_port(),
                                                   self._network)
-        self.store.begin_attempt(self.run_id, plan.attempt, plan_to_dict(plan), _rank_rows(plan))
+        self.store.begin_attempt(self.run_id, plan.attempt, plan_to_dict(plan), rank_rows(plan))
         for node in plan.nodes:
             self.store.update_host(self.run_id, node.index, state=HostState.PENDING, error=None)
         self._emit(Notice(f"MASTER_ADDR={plan.master_addr} MASTER_PORT={plan.master_port} "
                           f"(world size {plan.world_size})"))
-        with self._lock:
-            self._started = []
+        self.hosts.new_attempt()
         self._coordinator_port = None  # the new rank 0's host coordinates this attempt's supervisors
         try:
             self._start_all(plan)
@@ -286,27 +224,11 @@ class Runner:
         return not self._interrupts
 
     def _preflight(self, plan: LaunchPlan) -> LaunchPlan:
-        """The cheap checks of `clusterrun check`, on what every host reported while receiving the job; then
-        the plan with the master port rank 0's host found free (master: {port: auto})."""
-        with self._lock:
-            facts = {n: held.facts for n, held in self._held.items()}
-        problems = self._checks(self.inv, facts)
-        for p in problems:  # the failures are said once, by the error they raise
-            if p.status != "fail":
-                self._emit(Notice(f"{p.host}: {p.check}: {p.detail}" + (f" ({p.hint})" if p.hint else ""), "warning"))
-        failed = preflight_error(problems)
-        if failed is not None:
-            raise failed
-        self._network = {plan.nodes[n].index: f["net"] for n, f in facts.items() if isinstance(f.get("net"), dict)}
-        auto_port = plan.master_port is None
-        port = self._held[0].port if auto_port else plan.master_port
-        plan = self._plan = build_plan(self.inv, self.run_id, master_port=port, network=self._network)
+        """The cheap checks, then the plan with the master port and interfaces the pushes found."""
+        plan, self._network = checked_plan(self.inv, self.run_id, plan, self.hosts.all_held(), self._checks,
+                                           self._emit)
+        self._plan = plan
         self.store.update_run(self.run_id, plan=plan_to_dict(plan))
-        if auto_port:
-            self._emit(Notice(f"MASTER_PORT={port} (free on {plan.nodes[0].host.name})"))
-        chosen = interfaces_text(plan)
-        if chosen:
-            self._emit(Notice(chosen))
         return plan
 
     def _setup_all(self, plan: LaunchPlan, manifest: Manifest) -> None:
@@ -315,9 +237,7 @@ class Runner:
         self._fan_out("setup", plan.nodes, lambda node: self._setup_node(plan, node, manifest), interruptible=True)
 
     def _setup_node(self, plan: LaunchPlan, node: NodePlan, manifest: Manifest) -> None:
-        with self._lock:
-            held = self._held[node.node_rank]
-        run_setup(held, setup_request(self.inv, plan, node, manifest.wire(), self._secrets), node.host.name,
+        run_setup(self.hosts.held(node.node_rank), setup_request(self.inv, plan, node, manifest.wire(), self._secrets), node.host.name,
                   node.node_rank, copy=self.store.aux_log_path(plan.run_id, node.host.name, "setup"),
                   timeouts=self.inv.timeouts, lines=self._q.put, post=self._post)
 
@@ -347,7 +267,7 @@ class Runner:
         self._emit(Phase("connect"))
 
         relay = relay_for_push(self.inv.relay, len(plan.nodes), self.inv.timeouts)  # hosts pass the push on
-        claims = self._claims = self._claim_group(plan)
+        claims = self.claims.begin(plan)
         announced: List[bool] = []
 
         def prepare(node: NodePlan) -> None:
@@ -369,7 +289,7 @@ class Runner:
             if len(connected) == len(plan.nodes) and len(self._phases) == 0:
                 self._phases.append(("connect", max(connected) - t0))
                 self._emit(Phase("push"))
-            if claims is not None and claims.wait_seconds and self._waited and not announced:
+            if claims is not None and claims.wait_seconds and self.claims.waited and not announced:
                 announced.append(True)  # its turn came: the push proper starts now
                 self._drain()
                 self._emit(Phase("push", f"after waiting {claims.wait_seconds:.0f} s"))
@@ -377,53 +297,20 @@ class Runner:
         try:
             self._fan_out("prepare", plan.nodes, prepare, watch=watch)
         except HostsFailed as exc:
-            raise self._prepare_failed(exc) from None
+            raise prepare_failure(exc, self.claims) from None
         watch()
-        waited = claims.wait_seconds if claims is not None else 0.0
+        waited = self.claims.wait_seconds
         if waited:  # launch --wait: the time in line is not the push's
             self._phases.append(("wait", waited))
         self._phases.append(("push", time.monotonic() - t0 - self._phases[0][1] - waited))
         self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
 
-    def _prepare_failed(self, exc: HostsFailed) -> HostsFailed:
-        """Busy hosts (exit 5, who holds what), else the hosts that failed; a host that only gave its claim
-        back because of another host is not one of them."""
-        failures = {n: e for n, e in exc.failures.items() if not isinstance(e, ClaimDropped)} or exc.failures
-        if any(isinstance(e, HostBusy) for e in failures.values()) or \
-                all(isinstance(e, ClaimDropped) for e in failures.values()):
-            waited = self._claims.waited if self._claims is not None and self._wait else None
-            return HostsBusy(failures, waited=waited)
-        kinds = {"connect" if isinstance(e, ConnectError) else "push" for e in failures.values()}
-        return HostsFailed(" and ".join(sorted(kinds, reverse=False)), failures)
-
-    def _claim_group(self, plan: LaunchPlan) -> Optional[ClaimGroup]:
-        """Where every host's push meets with its claim answer; None when no host claims."""
-        by = who()
-        for node in plan.nodes:
-            request = claim_request(self.inv, plan, node, ticket=self._ticket, wait=self._wait, detach=self._detach,
-                                    by=by)
-            if request is not None:
-                self._claim_requests[node.index] = request
-        if not self._claim_requests:
-            return None
-        names = [n.host.name for n in plan.nodes if n.index in self._claim_requests]
-        return ClaimGroup(names, wait=self._wait, detach=self._detach, wait_timeout=self._wait_timeout,
-                          notify=self._on_wait)
-
-    def _on_wait(self, status: WaitStatus) -> None:
+    def _on_wait(self, status: WaitStatus, first: bool) -> None:
         """From a push thread: the launch's place in line changed."""
-        if not self._waited:
-            self._waited = True
+        if first:
             self.store.update_run(self.run_id, state=RunState.WAITING)
             self._post(Phase("wait"))
         self._post(Waiting(status))
-
-    def _claim_of(self, plan: LaunchPlan, node: NodePlan):
-        """(request, group, place) for this host's push, or None where it does not claim."""
-        if self._claims is None or node.index not in self._claim_requests:
-            return None
-        seat = [n.index for n in plan.nodes if n.index in self._claim_requests].index(node.index)
-        return self._claim_requests[node.index], self._claims, seat
 
     # -------------------------------------------------------------- fan-out
 
@@ -467,26 +354,17 @@ class Runner:
 
     def _client(self, index: int) -> HostClient:
         """The connection to the host at this place in the inventory (its node rank may change: restarts)."""
-        with self._lock:
-            return self._clients[index]
+        return self.hosts.client(index)
 
     def _reconnect(self, index: int) -> HostClient:
-        host = self.inv.hosts[index]
-        client = self._connect(host)
-        with self._lock:
-            old, self._clients[index] = self._clients.get(index), client
-        if old is not None:
-            old.close()
-        return client
+        return self.hosts.connect(index, self.inv.hosts[index])
 
     def _connect_node(self, node: NodePlan) -> HostClient:
         t = time.monotonic()
-        client = self._connect(node.host)
-        with self._lock:
-            if self._closing:  # the run was abandoned while this host was connecting
-                client.close()
-                raise Interrupted("connect")
-            self._clients[node.index] = client
+        try:
+            client = self.hosts.connect(node.index, node.host)
+        except Closed:  # the run was abandoned while this host was connecting
+            raise Interrupted("connect") from None
         self._post(HostDone("connect", node.host.name, time.monotonic() - t))
         return client
 
@@ -505,20 +383,20 @@ class Runner:
             self.run_id, manifest, progress, want_port=rank0 and plan.master_port is None,
             check_port=plan.master_port if rank0 else None, master_addr=plan.master_addr,
             relay=(relay, node.node_rank) if relay is not None else None, coordinator=rank0 and len(plan.nodes) > 1,
-            claim=self._claim_of(plan, node))
-        if self._waited:
+            claim=self.claims.of(plan, node))
+        if self.claims.waited:
             self.store.update_run(self.run_id, state=RunState.STARTING)
+        self.hosts.hold(node.node_rank, held)
+        self.claims.took(node.index, held.claim)
         with self._lock:
-            self._held[node.node_rank] = held
-            if held.claim and held.claim.get("granted"):
-                self._gpus[node.index] = tuple(held.claim["granted"])
             if rank0:  # every host can be started at once: rank 0's host already listens for the others
                 self._coordinator_port = held.coordinator_port
                 self._wait_port = held.wait_port
         result = held.result
         self.store.update_host(self.run_id, node.index, state=HostState.PUSHED, pushed_bytes=result.sent_bytes,
-                               push_seconds=round(result.seconds, 4), relayed_bytes=result.relayed)
-        waited = self._claims.wait_seconds if self._claims is not None else 0.0  # its time in line is not the push's
+                               push_seconds=round(result.seconds, 4), relayed_bytes=result.relayed,
+                               push_detail=json.dumps(result.timing) if result.timing else None)
+        waited = self.claims.wait_seconds  # its time in line is not the push's
         self._post(HostDone("push", node.host.name, time.monotonic() - t - waited, sent=result.sent_bytes, total=total,
                              relayed=result.relayed, files=result.files))
         for note in result.relay_notes:
@@ -529,37 +407,31 @@ class Runner:
 
     def _spec(self, plan: LaunchPlan, node: NodePlan) -> dict:
         left = None if plan.time_limit_s is None else max(1.0, plan.time_limit_s - self._elapsed())
-        gpus = self._gpus.get(node.index, ())
         return host_spec(self.inv, plan, node, self._secrets, time_left=left, peer_token=self._peer_token,
-                         coordinator_port=self._coordinator_port, detached=self._detach, gpus=gpus,
-                         claim=start_claim(self.inv, plan, self._claim_requests.get(node.index), gpus,
-                                           detached=self._detach))
+                         coordinator_port=self._coordinator_port, detached=self._detach,
+                         gpus=self.claims.gpus_of(node.index), claim=self.claims.for_start(plan, node))
 
     def _start_node(self, plan: LaunchPlan, node: NodePlan) -> None:
         t = time.monotonic()
         if plan.attempt == 0 and self._handoff:  # --detach --wait: its waiter starts it in its turn
-            with self._lock:
-                held = self._held.pop(node.node_rank)
+            held = self.hosts.take_held(node.node_rank)
             left = None if self._wait_timeout is None else max(1.0, self._wait_timeout - self._elapsed())
             held.wait(self._spec(plan, node), wait_mesh(self.inv, plan, node, token=self._peer_token,
                                                         port=self._wait_port, timeout=left))
             self._post(HostDone("wait", node.host.name, time.monotonic() - t))
             return
         if plan.attempt == 0:  # on the channel that pushed the job, which then follows the run (attached)
-            with self._lock:
-                held = self._held.pop(node.node_rank)
+            held = self.hosts.take_held(node.node_rank)
             if self._detach:
                 state = held.start(self._spec(plan, node))
             else:
                 state, stream = held.start_following(self._spec(plan, node))
-                with self._lock:
-                    self._streams[node.node_rank] = stream
+                self.hosts.following(node.node_rank, stream)
         else:  # a restart: the job is there already, the attempt gets a folder of its own
             state = self._client(node.index).start(plan.attempt_key, self._spec(plan, node))
         if node.node_rank == 0 and plan.attempt:  # the other hosts' supervisors join rank 0's (peers.py)
             self._coordinator_port = (state.get("coordinator") or {}).get("port")
-        with self._lock:
-            self._started.append(node.node_rank)
+        self.hosts.started(node.node_rank)
         pid = state.get("supervisor", {}).get("pid")
         self.store.update_host(self.run_id, node.index, state=HostState.STARTED, supervisor_pid=pid)
         self._post(HostDone("start", node.host.name, time.monotonic() - t))
@@ -577,23 +449,11 @@ class Runner:
         if self._interrupts and not self._detach:
             raise Interrupted("start")
 
-    def _take_streams(self) -> Dict[int, FollowStream]:
-        with self._lock:
-            streams, self._streams = self._streams, {}
-        return streams
-
-    def _abandon_held(self) -> None:
-        """Hosts that received the job but were not started remove it when their channel closes."""
-        with self._lock:
-            held, self._held = list(self._held.values()), {}
-        for h in held:
-            h.abandon()
-
     def _undo(self, plan: LaunchPlan, grace: float) -> None:
         """Undo a launch that did not get to run: stop what started, drop what was only pushed."""
-        self._abandon_held()
-        with self._lock:
-            nodes = [n for n in plan.nodes if n.node_rank in self._started]
+        self.hosts.abandon_held()
+        started = self.hosts.started_ones()
+        nodes = [n for n in plan.nodes if n.node_rank in started]
         if not nodes:
             return
 
@@ -609,19 +469,3 @@ class Runner:
                 if node.host.name in exc.failures:
                     self.store.update_host(self.run_id, node.index, cleanup=Cleanup.PENDING)
             self._emit(Notice(str(exc) + "\n`clusterrun stop` finishes them later.", "error"))
-
-
-def interfaces_text(plan: LaunchPlan) -> str:
-    """"GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME: eth1 on every host" (or per host), "" when none is set."""
-    chosen = {n.host.name: n.network.ifname for n in plan.nodes if n.network and n.network.ifname and n.network.env}
-    if not chosen:
-        return ""
-    names = "/".join(next(n.network.env for n in plan.nodes if n.host.name in chosen))
-    values = set(chosen.values())
-    if len(values) == 1 and len(chosen) == len(plan.nodes):
-        return f"{names}={values.pop()} on every host"
-    return f"{names}: " + ", ".join(f"{host} {ifname}" for host, ifname in chosen.items())
-
-
-def _rank_rows(plan: LaunchPlan) -> List[dict]:
-    return [{"rank": r.rank, "node_rank": r.node_rank, "host": r.host_name} for r in plan.ranks]

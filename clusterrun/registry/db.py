@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS runs (
   exit_code INTEGER, reason TEXT, ended_at REAL, controller TEXT, detached INTEGER DEFAULT 0, phases TEXT);
 CREATE TABLE IF NOT EXISTS hosts (
   run_id TEXT, node_rank INTEGER, name TEXT, state TEXT, cleanup TEXT, error TEXT, supervisor_pid INTEGER,
-  pushed_bytes INTEGER, push_seconds REAL, restarts INTEGER, relayed_bytes INTEGER, PRIMARY KEY (run_id, node_rank));
+  pushed_bytes INTEGER, push_seconds REAL, restarts INTEGER, relayed_bytes INTEGER, push_detail TEXT,
+  PRIMARY KEY (run_id, node_rank));
 CREATE TABLE IF NOT EXISTS ranks (
   run_id TEXT, rank INTEGER, node_rank INTEGER, host TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
   started_at REAL, ended_at REAL, pid INTEGER, note TEXT, stop_reason TEXT, PRIMARY KEY (run_id, rank));
@@ -37,7 +38,7 @@ CREATE TABLE IF NOT EXISTS attempts (
 # columns added after schema 1 first shipped, for registries that predate them
 _ADDED_COLUMNS = (("runs", "phases TEXT"), ("hosts", "pushed_bytes INTEGER"), ("hosts", "push_seconds REAL"),
                   ("hosts", "restarts INTEGER"), ("ranks", "stop_reason TEXT"), ("runs", "attempt INTEGER"),
-                  ("runs", "restarts INTEGER"), ("hosts", "relayed_bytes INTEGER"))
+                  ("runs", "restarts INTEGER"), ("hosts", "relayed_bytes INTEGER"), ("hosts", "push_detail TEXT"))
 
 
 class StateError(UsageError):

@@ -145,7 +145,7 @@ def test_auto_relays_only_when_it_pays(cr, cluster, tmp_path):
 
 
 HOST_PROGRAM = Path(__file__).resolve().parents[2] / "clusterrun" / "remote" / "host"
-SHIPPED = ("__init__.py", "net/__init__.py", "push/__init__.py", "push/relay.py")  # what relay.py needs
+SHIPPED = ("__init__.py", "mac.py", "net/__init__.py", "push/__init__.py", "push/relay.py")  # what relay.py needs
 LISTEN = ("import socket, sys; sys.path.insert(0, '/tmp'); from crhost.push import relay as crrelay; "
           "s = socket.socket(); s.bind(('', 0)); s.listen(4); "
           "print(s.getsockname()[1], flush=True); c = crrelay.accept_upstream(s, 'the-token', 'run-1', 1, 20); "

@@ -7,7 +7,8 @@ RUN is a run id, or RUN/attempt-K for attempt K of a run that restarted (an atte
   push/     getting a job onto this host
     receive RUN             receive the job by content hash into RUN/job (framed stdin/stdout; objects may
                             come from another host: relay.py); when asked, run job.setup (job_setup.py) and
-                            hold the channel to start the run on a later message
+                            hold the channel to start the run on a later message, then (an attached
+                            launch) follow it there as `follow` would
   run/      running it
     start RUN               write the spec (0600) from stdin, fork a detached supervisor (supervisor.py, with
                             python_launcher.py or torchrun.py; peers.py: the supervisors among themselves;
@@ -39,7 +40,8 @@ RUN is a run id, or RUN/attempt-K for attempt K of a run that restarted (an atte
 
 Shared by them: wire.py (answers, framed messages, `Fail`), files.py (atomic JSON state files), paths.py
 (where a run's files are), runstate.py (a run's state read back from its files), procs.py (is this pid
-still the process we started?), secrets.py (masking at the source). main.py dispatches.
+still the process we started?), secrets.py (masking at the source), mac.py (the MAC of the hosts' own TCP
+protocols). main.py dispatches.
 
 A rank's life never depends on the SSH channel: ranks run under a supervisor in its own session, write
 to log files here, and every state change is a file written atomically. Processes are only ever

@@ -7,7 +7,7 @@ side reports what it received and how fast, and the connecting side the round tr
 
 Every socket is bound to this host's inventory address (its `addr:`), so the traffic takes the
 interface that holds it. A listener accepts only the expected peer's address, and both ends prove they
-hold the per-check token the controller handed each over SSH (HMAC-SHA256 over the other end's fresh
+hold the per-check token the controller handed each over SSH (a keyed BLAKE2b MAC, mac.py, over the other end's fresh
 nonce and the pair's id), before any byte is measured; anything else is closed.
 
 Protocol, framed JSON messages on stdin/stdout (wire.read_msg / send_msg):
@@ -21,20 +21,19 @@ Protocol, framed JSON messages on stdin/stdout (wire.read_msg / send_msg):
 
 Handshake on each pair's connection (server = the listening end):
   server → client  MAGIC + nonce_s (16 bytes)
-  client → server  nonce_c (16) + HMAC(token, "client" | nonce_s | pair)
-  server → client  HMAC(token, "server" | nonce_c | pair)
+  client → server  nonce_c (16) + MAC(token, "client" | nonce_s | pair)
+  server → client  MAC(token, "server" | nonce_c | pair)
 then `pings` round trips of one byte (the client times them), then both send at once.
 """
 
 import errno
-import hashlib
-import hmac
 import os
 import select
 import socket
 import sys
 import time
 
+from ..mac import same, tag
 from ..wire import Fail, read_msg, send_msg
 from . import ifaces
 
@@ -49,7 +48,7 @@ class PairError(Exception):
 
 
 def _mac(token, side, nonce, pair):
-    return hmac.new(token.encode(), b"|".join([side, nonce, pair.encode()]), hashlib.sha256).digest()
+    return tag(token, b"|".join([side, nonce, pair.encode()]))
 
 
 def _read(sock, n, deadline):
@@ -121,7 +120,7 @@ class Bench:
                 nonce_s = os.urandom(NONCE)
                 conn.sendall(MAGIC + nonce_s)
                 reply = _read(conn, NONCE + MAC, deadline)
-                if not hmac.compare_digest(reply[NONCE:], _mac(self.token, b"client", nonce_s, job["pair"])):
+                if not same(reply[NONCE:], _mac(self.token, b"client", nonce_s, job["pair"])):
                     raise PairError("a connection from %s did not prove the check's token: refused" % peer[0])
                 conn.sendall(_mac(self.token, b"server", reply[:NONCE], job["pair"]))
                 for _ in range(int(job.get("pings", 0))):
@@ -149,7 +148,7 @@ class Bench:
                 proof = _read(conn, MAC, deadline)
             except PairError as exc:
                 raise PairError("%s did not accept the check's token (%s)" % (job["addr"], exc)) from None
-            if not hmac.compare_digest(proof, _mac(self.token, b"server", nonce_c, job["pair"])):
+            if not same(proof, _mac(self.token, b"server", nonce_c, job["pair"])):
                 raise PairError("%s did not prove the check's token" % job["addr"])
             rtts = []
             for _ in range(int(job.get("pings", 0))):

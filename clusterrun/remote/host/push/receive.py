@@ -24,6 +24,7 @@ import errno
 import os
 import socket
 import sys
+import time
 
 from ..disk.lock import LOCK_WAIT, cache_lock, hold_receiving
 from ..net import bind_address, free_port
@@ -128,6 +129,9 @@ class Push:
         self._folders = set()  # folders known to exist: a makedirs per file was most of a small-file push
         self.claim = None  # this run's claim on the host (share/session.py), when the launch claims
         self.wait_server = None  # --detach --wait, rank 0's host: where the other hosts' waiters join
+        # where the push's time went here (wall clock; seconds spent hashing, writing, passing on): the
+        # relay bench reads them from the run record (bench/sections/relay.py)
+        self.timing = {"hash_s": 0.0, "write_s": 0.0, "pass_s": 0.0, "reads": 0}
 
     @property
     def received(self):
@@ -193,8 +197,9 @@ class Push:
                 server.close()
         self.index.flush()
         self.release()  # every object is linked into the run folder now: a sweep leaves them be
+        self.timing["built"] = time.time()
         send_msg({"ok": True, "received": self.received, "relayed": self.relayed, "relay_notes": self.relay_notes,
-                  "objects": len(missing), "files": len(files)})
+                  "objects": len(missing), "files": len(files), "timing": self.timing})
         if manifest.get("hold"):
             self.hold_for_start()
         return 0
@@ -220,6 +225,8 @@ class Push:
         """Objects in the order of the chain's stream (conf["objects"]): from the controller (the chain's
         first host) or the upstream host; keep the ones this host lacks, pass on the ones the next host
         wants while they arrive. Whatever fails on the relay path, the rest comes from the controller."""
+        # the chain was laid out (this host's part is known): when, and this host's place in it
+        self.timing.update(plan=time.time(), node=conf["node"], laid_out=conf.get("laid_out"))
         want = {(sha, bool(exe)): [sha, size, exe] for sha, size, exe in missing}
         done = set()
         run = os.path.basename(self.run_dir)
@@ -227,6 +234,7 @@ class Push:
         source = self.source
         try:
             source = self._relay_source(conf, server, run)
+            self.timing["upstream"] = time.time()  # connected to the upstream host (or the controller's stdin)
             for sha, size, exe in conf["objects"]:
                 key = (sha, bool(exe))
                 keep = key in want and key not in done
@@ -352,17 +360,26 @@ class Push:
 
             digest = hashlib.sha256()
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o555 if exe else 0o444)
+        timing, clock = self.timing, time.perf_counter
         try:
             left = size
             while left:
                 n = source.readinto(self.buf[:min(left, len(self.buf))])
+                t0 = clock()
+                timing.setdefault("first", time.time())
                 chunk = self.buf[:n]
                 if forward:
                     self.pass_on(chunk)
+                t1 = clock()
                 if keep:
                     digest.update(chunk)
+                    t2 = clock()
                     while chunk:
                         chunk = chunk[os.write(fd, chunk):]
+                    timing["hash_s"] += t2 - t1
+                    timing["write_s"] += clock() - t2
+                timing["pass_s"] += t1 - t0
+                timing["reads"] += 1
                 left -= n
             if not keep:
                 return
@@ -373,6 +390,7 @@ class Push:
                     raise relay.RelayError("content of %s arrived corrupted from the upstream host" % sha)
                 raise Fail("content of %s arrived corrupted" % sha, "corrupt")
             os.replace(tmp, final)
+            timing["last"] = time.time()
             self.created.append(final)  # noted in the index once linked (build_tree)
         except BaseException:
             if fd >= 0:

@@ -4,28 +4,27 @@ that host (and the ones after it) still need. Objects are checked against their 
 before they enter its cache (receive.py), so a host in the middle can pass bytes on but never get a
 wrong object into another host's cache.
 
-Both ends prove they hold the per-push token the controller handed each of them over SSH (HMAC-SHA256
-over the other end's fresh nonce, the run id and the downstream host's place in the chain); a
-connection that cannot is closed before any object byte moves. The bytes themselves are not encrypted
+Both ends prove they hold the per-push token the controller handed each of them over SSH (a keyed
+BLAKE2b MAC, mac.py, over the other end's fresh nonce, the run id and the downstream host's place in
+the chain); a connection that cannot is closed before any object byte moves. The bytes themselves are not encrypted
 (neither is gloo's or NCCL's traffic); `push: {relay: false}` keeps every byte on the SSH channels.
 
 Handshake (downstream = the listening end):
   downstream → upstream  MAGIC + nonce_d (16 bytes)
-  upstream → downstream  nonce_u (16) + HMAC(token, "up" | nonce_d | run | node)
-  downstream → upstream  HMAC(token, "down" | nonce_u | run | node)
+  upstream → downstream  nonce_u (16) + MAC(token, "up" | nonce_d | run | node)
+  downstream → upstream  MAC(token, "down" | nonce_u | run | node)
 
 The listener is bound to the host's own address and takes connections from the upstream host's address
 only; it runs several handshakes at once (at most MAX_PENDING, each HANDSHAKE_S seconds), so a silent
 or hostile connection costs the real upstream nothing: the first that proves the token is the one.
 """
 
-import hashlib
-import hmac
 import os
 import select
 import socket
 import time
 
+from ..mac import same, tag
 from ..net import resolve_all, source_for
 
 MAGIC = b"CRRELAY1"
@@ -40,8 +39,7 @@ class RelayError(Exception):
 
 
 def _mac(token, side, nonce, run, node):
-    return hmac.new(token.encode(), b"|".join([side, nonce, run.encode(), str(node).encode()]),
-                    hashlib.sha256).digest()
+    return tag(token, b"|".join([side, nonce, run.encode(), str(node).encode()]))
 
 
 def _read(sock, n, deadline):
@@ -147,7 +145,7 @@ class _Handshake:
         if len(self.buf) < NONCE + MAC:
             return False
         nonce_u, mac = self.buf[:NONCE], self.buf[NONCE:]
-        if not hmac.compare_digest(mac, _mac(token, b"up", self.nonce_d, run, node)):
+        if not same(mac, _mac(token, b"up", self.nonce_d, run, node)):
             self.failed = "a connection from %s did not prove the push's token: refused" % self.ip
             return False
         try:
@@ -179,7 +177,7 @@ def connect_downstream(addr, port, token, run, node, wait, source=""):
             proof = _read(conn, MAC, deadline)
         except RelayError as exc:
             raise RelayError("%s:%d did not accept the push's token (%s)" % (addr, port, exc)) from None
-        if not hmac.compare_digest(proof, _mac(token, b"down", nonce_u, run, node)):
+        if not same(proof, _mac(token, b"down", nonce_u, run, node)):
             raise RelayError("%s:%d did not prove the push's token" % (addr, port))
         conn.settimeout(None)
         return conn

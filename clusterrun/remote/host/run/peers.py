@@ -11,8 +11,8 @@ Protocol (version 2), one JSON object per line of at most MAX_LINE bytes, both w
   coordinator → peer   {"challenge": NONCE_C}
   peer → coordinator   {"hello": NODE, "nonce": NONCE_P, "done": BOOL, "mac": PROOF_P}
   coordinator → peer   {"welcome": NODE, "mac": PROOF_C}
-       PROOF_P = HMAC-SHA256(TOKEN, "peer|RUN|NODE|NONCE_C|NONCE_P|DONE"), DONE 0 or 1
-       PROOF_C = HMAC-SHA256(TOKEN, "coordinator|RUN|NODE|NONCE_P|NONCE_C")
+       PROOF_P = MAC(TOKEN, "peer|RUN|NODE|NONCE_C|NONCE_P|DONE"), DONE 0 or 1
+       PROOF_C = MAC(TOKEN, "coordinator|RUN|NODE|NONCE_P|NONCE_C")
      (hex; nonces are 16 fresh random bytes in hex; RUN is the attempt key.) Each end proves it holds the
      token over the other end's fresh nonce, so neither a fake coordinator nor a replayed hello gets in;
      a peer acts on nothing the coordinator says before its proof checked out.
@@ -41,13 +41,12 @@ connecting included.
 """
 
 import errno
-import hashlib
-import hmac
 import json
 import os
 import socket
 import time
 
+from ..mac import hex_tag, same
 from ..net import bind_address, resolve_all, source_for
 
 BEAT_EVERY = 1.0
@@ -63,7 +62,7 @@ REFUSALS_LOGGED = 20
 
 
 def proof(token, text):
-    return hmac.new(token.encode(), text.encode(), hashlib.sha256).hexdigest()
+    return hex_tag(token, text)
 
 
 def peer_proof(token, run, node, nonce_c, nonce_p, done):
@@ -80,7 +79,7 @@ def is_hex(value, length):
 
 def same_proof(given, expected):
     """Constant-time, on bytes; anything that is not a proof of the right shape is simply wrong."""
-    return is_hex(given, MAC_HEX) and hmac.compare_digest(given.encode("ascii"), expected.encode("ascii"))
+    return is_hex(given, MAC_HEX) and same(given.encode("ascii"), expected.encode("ascii"))
 
 
 def is_int(value):

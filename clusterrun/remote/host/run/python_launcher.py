@@ -1,8 +1,9 @@
 """launcher python: the supervisor starts one process per rank, each in its own process group (its pid),
 through the bootstrap (bootstrap.py: stacks on a signal, then the rank's entry exactly as given)."""
 
+import errno
 import os
-import subprocess
+import signal
 import time
 
 from ..paths import job_dir, log_path, stacks_file
@@ -29,9 +30,7 @@ class RankSupervisor(Supervisor):
             fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             argv = with_bootstrap(r["argv"], stacks_file(self.run_dir, rank), os.getpid())
             try:
-                proc = subprocess.Popen(argv, cwd=job_dir(self.run_dir), env=env,
-                                        stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                        close_fds=True, preexec_fn=die_with_parent)
+                proc = Rank(spawn(argv, job_dir(self.run_dir), env, fd))
             except OSError as exc:
                 os.write(fd, ("clusterrun: cannot start rank %d (%s): %s\n" % (rank, r["argv"][0], exc)).encode())
                 self.record(rank, exit_code=127, started_at=time.time(), error=str(exc))
@@ -59,6 +58,67 @@ class RankSupervisor(Supervisor):
         if stopping:
             self.stopped.update(self.procs)
         return [proc.pid for proc in self.procs.values()]
+
+
+class Rank:
+    """A rank this supervisor started: its pid, and once it has ended its exit code (negative: the signal
+    that ended it), as subprocess.Popen.poll says it."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its end is all there is to know
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        return self.returncode
+
+
+def spawn(argv, cwd, env, out):
+    """Start one rank as subprocess.Popen(argv, cwd=cwd, env=env, stdin=DEVNULL, stdout=out, stderr=out,
+    start_new_session=True, close_fds=True, preexec_fn=die_with_parent) would (its own session and process
+    group, SIGPIPE and SIGXFSZ back to their defaults, nothing but 0-2 open), without importing subprocess
+    (its import is most of a supervisor's start on every host of every run); its pid. OSError (with the
+    errno the exec failed with) when it could not be started."""
+    report_r, report_w = os.pipe()  # close-on-exec: EOF once the exec worked, else the child's errno
+    pid = os.fork()
+    if pid == 0:  # the child: only os calls from here to the exec
+        code = errno.EINVAL
+        try:
+            os.close(report_r)
+            os.setsid()
+            die_with_parent()
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.closerange(3, report_w)
+            os.closerange(report_w + 1, 1 << 16)
+            for name in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them; a program started from it should not
+                if hasattr(signal, name):
+                    signal.signal(getattr(signal, name), signal.SIG_DFL)
+            os.chdir(cwd)
+            os.execvpe(argv[0], argv, env)
+        except OSError as exc:
+            code = exc.errno or errno.EINVAL
+        finally:
+            os.write(report_w, str(code).encode())
+            os._exit(127)
+    os.close(report_w)
+    try:
+        said = os.read(report_r, 64)
+    finally:
+        os.close(report_r)
+    if said:
+        os.waitpid(pid, 0)
+        code = int(said)
+        raise OSError(code, os.strerror(code), argv[0])
+    return pid
 
 
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")

@@ -8,7 +8,7 @@ else they give the claims back and stand in line again.
 
 Protocol (JSON lines over TCP, each at most run/peers.py's MAX_LINE, the same guards as the supervisors'
 mesh: the coordinator binds the inventory's addr on a port chosen during the push, lets in only the run's
-hosts, and both ends prove the token the controller gave them by HMAC over the other end's fresh nonce;
+hosts, and both ends prove the token the controller gave them by a MAC (mac.py) over the other end's fresh nonce;
 RUN below is "wait:" + the attempt key):
   coordinator → member   {"challenge": NONCE_C}
   member → coordinator   {"hello": NODE, "nonce": NONCE_P, "done": false, "mac": PROOF_P}
