@@ -8,11 +8,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .baselines import measured_env
 from .cluster import BenchCluster, REPO
-from .measure import Recorder, wait_for
+from .measure import Recorder, rotate, wait_for
 
 JOBS = Path(__file__).resolve().parent / "jobs"
 HOST_JOBS = "benchjob"  # the baselines' copy of bench/jobs on every host (relative to the login's home)
@@ -56,6 +56,17 @@ class Context:
         if not done.ok:
             raise RuntimeError(f"clusterrun ps failed: {done.describe_failure()}")
         return json.loads(done.outputs[0])[0]
+
+    def interleave(self, section: str, methods: Sequence[str], reps: int, one: Callable[[str, int], None]) -> None:
+        """Every method once unrecorded (rep -1: first connections, caches, the host program's install), then
+        `reps` rounds, each running every method once in a rotating order (A B C, B C A, ...), logged."""
+        for method in methods:
+            one(method, -1)
+        for rep in range(reps):
+            for method in rotate(methods, rep):
+                one(method, rep)
+            self.log(f"  {section} rep {rep + 1}/{reps}: " + ", ".join(
+                f"{m} {self.rec.values(section, self.n, m, 'time')[-1]:.2f}s" for m in methods))
 
     # stamps the jobs write under /shared/bench/<tag>/ ---------------------------------------------
     def stamp_dir(self, tag: str) -> Path:

@@ -24,7 +24,7 @@ import shlex
 from .. import baselines
 from ..cluster import HOST_PYTHON
 from ..context import HOST_JOBS, JOBS, Context
-from ..measure import Done, rotate, run
+from ..measure import Done, run
 
 SECTION = "attached"
 METHODS = ("clusterrun", "floor", "ssh-serial", "pdsh")
@@ -62,7 +62,8 @@ def run_section(ctx: Context, reps: int) -> None:
 
     methods = {"clusterrun": clusterrun, "floor": floor, "ssh-serial": ssh_serial, "pdsh": pdsh}
 
-    def one(method: str, rep: int, record: bool) -> None:
+    def one(method: str, rep: int) -> None:
+        record = rep >= 0
         tag = f"{SECTION}-{n}-{method}-{rep if record else 'warmup'}"
         done = methods[method](tag)
         if not done.ok:
@@ -86,11 +87,5 @@ def run_section(ctx: Context, reps: int) -> None:
                 if phase in phases:
                     add(f"phase_{phase}", phases[phase])
 
-    for method in METHODS:  # warm-up: the host program installed, the job pushed once, caches warm
-        one(method, -1, record=False)
-    for rep in range(reps):
-        for method in rotate(METHODS, rep):
-            one(method, rep, record=True)
-        ctx.log(f"  attached rep {rep + 1}/{reps}: " + ", ".join(
-            f"{m} {ctx.rec.values(SECTION, n, m, 'time')[-1]:.2f}s" for m in METHODS))
+    ctx.interleave(SECTION, METHODS, reps, one)
     ctx.check_no_leftovers(SECTION)

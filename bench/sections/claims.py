@@ -15,7 +15,7 @@ import subprocess
 import time
 
 from ..context import JOBS, Context
-from ..measure import Done, rotate, run
+from ..measure import Done, run
 
 SECTION = "claims"
 METHODS = ("claims", "no-claims")
@@ -35,7 +35,8 @@ def run_section(ctx: Context, reps: int) -> None:
     invs = {"claims": _inventory(ctx, "claims-on.json", {"slots": 64}),
             "no-claims": _inventory(ctx, "claims-off.json", "off")}
 
-    def one(method: str, rep: int, record: bool) -> None:
+    def one(method: str, rep: int) -> None:
+        record = rep >= 0
         tag = f"{SECTION}-{n}-{method}-{rep if record else 'warmup'}"
         done = run(ctx.clusterrun("launch", "--detach", invs[method], "--", "--tag", tag, *JOB_ARGS), env=ctx.env(),
                    cwd=ctx.cwd, timeout=120, hosts_cpu=ctx.cluster.hosts_cpu)
@@ -50,13 +51,7 @@ def run_section(ctx: Context, reps: int) -> None:
                 ctx.rec.add(SECTION, n, method, "phase_push", push, rep)
         ctx.wait_stamps(tag, "end", n, timeout=60)
 
-    for method in METHODS:
-        one(method, -1, record=False)
-    for rep in range(reps):
-        for method in rotate(METHODS, rep):
-            one(method, rep, record=True)
-        ctx.log(f"  claims rep {rep + 1}/{reps}: " + ", ".join(
-            f"{m} {ctx.rec.values(SECTION, n, m, 'time')[-1]:.2f}s" for m in METHODS))
+    ctx.interleave(SECTION, METHODS, reps, one)
     _handover(ctx, reps)
     ctx.check_no_leftovers(SECTION)
 

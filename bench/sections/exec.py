@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import baselines
 from ..context import JOBS, Context
-from ..measure import rotate, run
+from ..measure import run
 
 SECTION = "exec"
 METHODS = ("clusterrun", "fabric", "pdsh")
@@ -44,10 +44,4 @@ def run_section(ctx: Context, reps: int) -> None:
             ctx.rec.add(SECTION, n, method, "time", done.wall, rep)
             ctx.rec.add(SECTION, n, method, "cpu", done.cpu, rep, "cpu-s")
 
-    for method in METHODS:
-        one(method, -1)  # warm-up
-    for rep in range(reps):
-        for method in rotate(METHODS, rep):
-            one(method, rep)
-        ctx.log(f"  exec rep {rep + 1}/{reps}: " + ", ".join(
-            f"{m} {ctx.rec.values(SECTION, n, m, 'time')[-1]:.2f}s" for m in METHODS))
+    ctx.interleave(SECTION, METHODS, reps, one)

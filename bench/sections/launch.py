@@ -15,7 +15,7 @@ import os
 
 from .. import baselines
 from ..context import HOST_JOBS, JOBS, Context
-from ..measure import Done, rotate, run
+from ..measure import Done, run
 
 SECTION = "launch"
 METHODS = ("clusterrun", "floor", "floor-job", "ssh-serial", "pdsh")
@@ -49,7 +49,8 @@ def run_section(ctx: Context, reps: int) -> None:
 
     starters = {"clusterrun": clusterrun, "floor-job": floor_job, "ssh-serial": ssh_serial, "pdsh": pdsh}
 
-    def one(method: str, rep: int, record: bool) -> None:
+    def one(method: str, rep: int) -> None:
+        record = rep >= 0
         tag = f"{SECTION}-{n}-{method}-{rep if record else 'warmup'}"
         if method == "floor":
             done = run(baselines.floor(ctx.cluster), timeout=120)
@@ -76,13 +77,7 @@ def run_section(ctx: Context, reps: int) -> None:
                         ctx.rec.add(SECTION, n, method, f"phase_{phase}", phases[phase], rep)
         ctx.wait_stamps(tag, "end", n, timeout=60)  # every rank gone before the next method
 
-    for method in METHODS:  # warm-up: pushes clusterrun's job once, warms caches; not recorded
-        one(method, -1, record=False)
-    for rep in range(reps):
-        for method in rotate(METHODS, rep):
-            one(method, rep, record=True)
-        ctx.log(f"  launch rep {rep + 1}/{reps}: " + ", ".join(
-            f"{m} {ctx.rec.values(SECTION, n, m, 'time')[-1]:.2f}s" for m in METHODS))
+    ctx.interleave(SECTION, METHODS, reps, one)
     ctx.check_no_leftovers(SECTION)
 
 

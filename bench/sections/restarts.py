@@ -20,7 +20,7 @@ import json
 import time
 
 from ..context import JOBS, Context
-from ..measure import run, rotate
+from ..measure import run
 
 SECTION = "restarts"
 METHODS = ("clusterrun", "torchrun", "clusterrun-host")
@@ -81,11 +81,5 @@ def run_section(ctx: Context, reps: int) -> None:
             ctx.rec.add(SECTION, n, method, "time", max(firsts.values()) - t_fail, rep)
         ctx.check_no_leftovers(SECTION)
 
-    for method in METHODS:
-        one(method, -1)  # warm-up: every host has imported torch once
-    for rep in range(reps):
-        for method in rotate(METHODS, rep):
-            one(method, rep)
-        ctx.log(f"  restarts rep {rep + 1}/{reps}: " + ", ".join(
-            f"{m} {ctx.rec.values(SECTION, n, m, 'time')[-1]:.2f}s" for m in METHODS))
+    ctx.interleave(SECTION, METHODS, reps, one)
     ctx.rec.note(SECTION, n, f"grace 2 s (the ranks exit at once on TERM), restart_delay 0, host_lost {HOST_LOST:g} s")

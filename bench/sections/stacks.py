@@ -12,7 +12,7 @@ import os
 
 from .. import baselines
 from ..context import JOBS, Context
-from ..measure import rotate, run
+from ..measure import run
 
 SECTION = "stacks"
 METHODS = ("clusterrun stacks", "floor", "pdsh")
@@ -52,13 +52,7 @@ def _measure(ctx: Context, reps: int, run_id: str) -> None:
             ctx.rec.add(SECTION, n, method, "time", done.wall, rep)
             ctx.rec.add(SECTION, n, method, "cpu", done.cpu, rep, "cpu-s")
 
-    for method in METHODS:
-        one(method, -1)  # warm-up: the host program's first install on every host is not what is measured
-    for rep in range(reps):
-        for method in rotate(METHODS, rep):
-            one(method, rep)
-        ctx.log(f"  stacks rep {rep + 1}/{reps}: " + ", ".join(
-            f"{m} {ctx.rec.values(SECTION, n, m, 'time')[-1]:.2f}s" for m in METHODS))
+    ctx.interleave(SECTION, METHODS, reps, one)
 
 
 def _check(text: str, n: int) -> None:

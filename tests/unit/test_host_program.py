@@ -339,3 +339,24 @@ def test_a_master_port_a_starting_run_will_serve_is_not_free(host_client, tmp_pa
     after = host_client.push("20261130-000000-0092", project(tmp_path, {"job.py": b"x"}), hold=False,
                              check_port=port).facts
     assert after["port"]["free"]  # once that run has ended, the port is free again
+
+
+def test_a_supervisor_that_ended_since_stop_looked_is_no_error(tmp_path):
+    """Issue 26, found at 64 hosts: `stop` saw the supervisor alive, then the supervisor ended (it had read
+    stop.json, or its ranks had ended) before the TERM: ProcessLookupError crashed the stop on that host.
+    Now the ranks are signalled directly, as when the supervisor was already gone."""
+    import subprocess
+
+    from clusterrun.remote.host.run import stop
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid names no process any more
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    from clusterrun.remote.host.procs import start_ticks
+
+    try:
+        stop._terminate("marker-of-no-process", {0: {"pid": rank.pid, "pgid": rank.pid, "ticks": start_ticks(rank.pid)}},
+                        {"pid": gone.pid, "ticks": 1}, sup_alive=True)
+        assert rank.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        rank.kill()

@@ -77,10 +77,13 @@ def _await_state(run_dir, state):
 def _terminate(marker, targets, sup, sup_alive):
     """TERM to the supervisor, which stops its ranks itself; without one alive, to each target."""
     if sup_alive:
-        os.kill(sup["pid"], signal.SIGTERM)
-    else:
-        for info in targets.values():
-            signal_rank(marker, info, signal.SIGTERM)
+        try:
+            os.kill(sup["pid"], signal.SIGTERM)
+            return
+        except ProcessLookupError:  # it ended since we looked (its ranks did, or it read stop.json itself)
+            pass
+    for info in targets.values():
+        signal_rank(marker, info, signal.SIGTERM)
 
 
 def _kill_strays(marker):
