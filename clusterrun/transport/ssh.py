@@ -28,6 +28,7 @@ from ..errors import AuthError, ConnectError, HostKeyChanged
 from . import Completed, StreamClosed, run_on
 from .proxy import ShellProxyCommand
 from .hostkeys import KnownHosts
+from .pacing import gate
 
 # paramiko's transport threads log what they hit (a proxy that died, a banner timeout) as tracebacks; each
 # such failure reaches the user once, as a ConnectError naming the host, not as a second copy from a thread
@@ -288,46 +289,6 @@ def _agent_keys(target: SshTarget, keys: List[Tuple[str, paramiko.PKey]]) -> Lis
         return [] if target.identities_only and keys else [("ssh-agent", k) for k in paramiko.Agent().get_keys()]
     except paramiko.SSHException:
         return []
-
-
-class Gate:
-    """How many connections to one sshd may be between TCP connect and authentication at once. sshd's
-    MaxStartups counts exactly those (OpenSSH's default 10:30:100 starts turning some away at 10): a
-    launch to 64 hosts behind one jump host would otherwise open 64 at once there. A connection turned
-    away (Dropped) lowers the limit to fewer than were in flight then, and is tried again."""
-
-    LIMIT = 8  # under OpenSSH's default MaxStartups start (10), with room for someone else's ssh
-
-    def __init__(self, limit: int = LIMIT):
-        self.limit = limit
-        self.active = 0
-        self._cond = threading.Condition()
-
-    def __enter__(self) -> "Gate":
-        with self._cond:
-            while self.active >= self.limit:
-                self._cond.wait()
-            self.active += 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        with self._cond:
-            self.active -= 1
-            self._cond.notify_all()
-
-    def dropped(self) -> None:
-        with self._cond:
-            self.limit = max(1, min(self.limit, self.active) - 1)
-
-
-_gates: Dict[Tuple[str, int], Gate] = {}
-_gates_lock = threading.Lock()
-
-
-def gate(hostname: str, port: int) -> Gate:
-    """The one Gate of this process for an sshd (by the name and port it is reached at)."""
-    with _gates_lock:
-        return _gates.setdefault((hostname, port), Gate())
 
 
 class Connector:

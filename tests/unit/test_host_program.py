@@ -360,3 +360,36 @@ def test_a_supervisor_that_ended_since_stop_looked_is_no_error(tmp_path):
         assert rank.wait(timeout=10) == -signal.SIGTERM
     finally:
         rank.kill()
+
+
+def test_a_rank_starts_with_only_its_three_standard_fds_in_a_session_of_its_own(tmp_path):
+    """The supervisor starts ranks by fork and exec (no subprocess import on every host): as Popen with
+    close_fds, restore_signals and start_new_session would, nothing but 0-2 is open in the rank (not the
+    supervisor's sockets, pipes or log files), SIGPIPE is not ignored, and the rank leads its own session."""
+    from clusterrun.remote.host.run.python_launcher import Rank, spawn
+
+    def run(argv, log):
+        out = os.open(tmp_path / log, os.O_WRONLY | os.O_CREAT)
+        try:
+            rank = Rank(spawn(argv, str(tmp_path), dict(os.environ), out))
+        finally:
+            os.close(out)
+        deadline = time.time() + 20
+        while rank.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert rank.returncode == 0
+        return (tmp_path / log).read_text()
+
+    stray = os.open(tmp_path / "held-open", os.O_WRONLY | os.O_CREAT)
+    os.set_inheritable(stray, True)  # even an inheritable one
+    try:
+        said = run([sys.executable, "-c", "import os; fds = sorted(int(f) for f in os.listdir('/proc/self/fd')); "
+                                          "print(fds[:3], len(fds), os.getsid(0) == os.getpid())"], "py.log")
+        # a Python ignores SIGPIPE again as it starts: what a rank is handed shows in a shell's status
+        ignored = run(["sh", "-c", "grep SigIgn /proc/self/status"], "sh.log").split()[1]
+    finally:
+        os.close(stray)
+    assert said.split() == ["[0,", "1,", "2]", "4", "True"]  # 0-2 and listdir's own
+    assert not int(ignored, 16) & (1 << (signal.SIGPIPE - 1))
+    with pytest.raises(FileNotFoundError):
+        spawn([str(tmp_path / "no-such-python"), "-c", "pass"], str(tmp_path), dict(os.environ), 1)

@@ -1,10 +1,10 @@
-"""The pacing of connections to one sshd (transport/ssh.py Gate): never more in flight than the limit, and a
+"""The pacing of connections to one sshd (transport/pacing.py Gate): never more in flight than the limit, and a
 connection turned away lowers the limit below what was in flight then."""
 
 import threading
 import time
 
-from clusterrun.transport.ssh import Gate, gate
+from clusterrun.transport.pacing import Gate, gate
 
 
 def test_no_more_than_the_limit_are_in_flight_at_once():

@@ -97,8 +97,7 @@ def spawn(argv, cwd, env, out):
             os.dup2(null, 0)
             os.dup2(out, 1)
             os.dup2(out, 2)
-            os.closerange(3, report_w)
-            os.closerange(report_w + 1, 1 << 16)
+            _close_from_3(keep=report_w)
             for name in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them; a program started from it should not
                 if hasattr(signal, name):
                     signal.signal(getattr(signal, name), signal.SIG_DFL)
@@ -119,6 +118,20 @@ def spawn(argv, cwd, env, out):
         code = int(said)
         raise OSError(code, os.strerror(code), argv[0])
     return pid
+
+
+def _close_from_3(keep):
+    """Every fd from 3 up but keep, as close_fds does: those /proc lists (any number), else up to 65536."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = range(3, 1 << 16)
+    for fd in fds:
+        if fd >= 3 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:  # the listing's own fd, already gone
+                pass
 
 
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
