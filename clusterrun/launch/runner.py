@@ -72,7 +72,6 @@ class Runner:
         self._coordinator_port: Optional[int] = None
         self._plan: Optional[LaunchPlan] = None  # the attempt being launched or followed
         # claims on the hosts' slots and GPUs (hosts/claims.py): one launch's place in line on every host
-        self._wait_timeout = wait_timeout
         self.claims = LaunchClaims(inv, run_id, wait=wait, wait_timeout=wait_timeout, detach=detach,
                                    on_wait=self._on_wait)
         self._handoff = False  # --detach --wait with a host busy: the hosts' waiters start it in its turn
@@ -415,7 +414,8 @@ class Runner:
         t = time.monotonic()
         if plan.attempt == 0 and self._handoff:  # --detach --wait: its waiter starts it in its turn
             held = self.hosts.take_held(node.node_rank)
-            left = None if self._wait_timeout is None else max(1.0, self._wait_timeout - self._elapsed())
+            wait_timeout = self.claims.wait_timeout
+            left = None if wait_timeout is None else max(1.0, wait_timeout - self._elapsed())
             held.wait(self._spec(plan, node), wait_mesh(self.inv, plan, node, token=self._peer_token,
                                                         port=self._wait_port, timeout=left))
             self._post(HostDone("wait", node.host.name, time.monotonic() - t))

@@ -131,7 +131,7 @@ class Push:
         self.wait_server = None  # --detach --wait, rank 0's host: where the other hosts' waiters join
         # where the push's time went here (wall clock; seconds spent hashing, writing, passing on): the
         # relay bench reads them from the run record (bench/sections/relay.py)
-        self.timing = {"hash_s": 0.0, "write_s": 0.0, "pass_s": 0.0, "reads": 0}
+        self.timing = {"hash_s": 0.0, "write_s": 0.0, "pass_s": 0.0}
 
     @property
     def received(self):
@@ -197,7 +197,6 @@ class Push:
                 server.close()
         self.index.flush()
         self.release()  # every object is linked into the run folder now: a sweep leaves them be
-        self.timing["built"] = time.time()
         send_msg({"ok": True, "received": self.received, "relayed": self.relayed, "relay_notes": self.relay_notes,
                   "objects": len(missing), "files": len(files), "timing": self.timing})
         if manifest.get("hold"):
@@ -225,8 +224,8 @@ class Push:
         """Objects in the order of the chain's stream (conf["objects"]): from the controller (the chain's
         first host) or the upstream host; keep the ones this host lacks, pass on the ones the next host
         wants while they arrive. Whatever fails on the relay path, the rest comes from the controller."""
-        # the chain was laid out (this host's part is known): when, and this host's place in it
-        self.timing.update(plan=time.time(), node=conf["node"], laid_out=conf.get("laid_out"))
+        # when the chain was laid out (the controller's clock), and this host's place in it
+        self.timing.update(node=conf["node"], laid_out=conf.get("laid_out"))
         want = {(sha, bool(exe)): [sha, size, exe] for sha, size, exe in missing}
         done = set()
         run = os.path.basename(self.run_dir)
@@ -234,7 +233,6 @@ class Push:
         source = self.source
         try:
             source = self._relay_source(conf, server, run)
-            self.timing["upstream"] = time.time()  # connected to the upstream host (or the controller's stdin)
             for sha, size, exe in conf["objects"]:
                 key = (sha, bool(exe))
                 keep = key in want and key not in done
@@ -379,7 +377,6 @@ class Push:
                     timing["hash_s"] += t2 - t1
                     timing["write_s"] += clock() - t2
                 timing["pass_s"] += t1 - t0
-                timing["reads"] += 1
                 left -= n
             if not keep:
                 return
