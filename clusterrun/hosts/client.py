@@ -13,10 +13,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 from ..config.inventory import Host, Timeouts
-from ..errors import (CommandTimeout, ConnectError, HostError, RemoteCommandError, StartError, UnsafeWorkdir)
+from ..errors import ConnectError, HostError, RemoteCommandError, StartError, UnsafeWorkdir
 from .. import remote
 from ..remote import BOOTSTRAP, EXIT_PROGRAM_MISSING, EXIT_UNSAFE_WORKDIR, INSTALLER, PROGRAM_ID, UNSAFE_WORKDIR
 from ..transport import Stream, StreamClosed, Transport
+from .failures import error_answer, failure
 from .group import background
 from .manifest import Manifest
 from .relay import RelayGroup
@@ -87,8 +88,8 @@ class HostClient:
         if done.exit_code == 0 and isinstance(reply, dict):
             return reply
         if isinstance(reply, dict) and "error" in reply:
-            raise RemoteCommandError(self.label, f"{command}: {reply['error']}" +
-                                     (f" ({reply['path']})" if reply.get("path") else ""), exit_code=done.exit_code)
+            raise error_answer(self.label, reply["error"], what=command, path=reply.get("path") or "",
+                               exit_code=done.exit_code)
         raise self._command_failed(f"{command} failed", done.exit_code, done.stderr)
 
     def _unsafe_workdir(self, tail: str) -> HostError:
@@ -111,7 +112,7 @@ class HostClient:
             reply = _last_json(done.stdout)
             if not isinstance(reply, dict) or "error" not in reply:
                 raise self._command_failed(f"cannot read {rel}", done.exit_code, done.stderr)
-            raise RemoteCommandError(self.label, reply["error"], exit_code=done.exit_code)
+            raise error_answer(self.label, reply["error"], exit_code=done.exit_code)
         return done.stdout
 
     def pull(self, run_id: str, paths: Sequence[str]) -> "PullStream":
@@ -223,7 +224,7 @@ class HostClient:
                 raise
             if "error" in ready:
                 stream.close()
-                raise RemoteCommandError(self.label, f"bandwidth: {ready['error']}", exit_code=1)
+                raise error_answer(self.label, ready["error"], what="bandwidth", exit_code=1)
             return BenchStream(self.label, stream, ready["ready"])
 
         return self._with_program(attempt)
@@ -282,20 +283,20 @@ class HostClient:
             channel.raise_error(result)
             keep = hold
             return push_result(sent, answer, result, time.monotonic() - t0), stream, answer
-        except TimeoutError:
-            raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
-        except StreamClosed as exc:
-            raise self._push_interrupted(stream, exc) from None
+        except (TimeoutError, StreamClosed) as exc:
+            raise self._push_failure(stream, exc, timeout) from None
         finally:
             if not keep:
                 stream.close()
 
-    def _push_interrupted(self, stream: Stream, exc: StreamClosed) -> HostError:
-        """The host program failed (its exit code and stderr say how), or the connection itself was lost."""
-        code = exit_code_of(stream)
+    def _push_failure(self, stream: Stream, exc: BaseException, timeout: float) -> BaseException:
+        """The host program failed (its exit code and stderr say how), or the host went silent, or the
+        connection itself was lost."""
+        code = exit_code_of(stream) if isinstance(exc, StreamClosed) else None
         if code not in (None, -1):
             return self._command_failed(f"push interrupted: {exc}", code, stream.stderr())
-        return ConnectError(self.label, f"connection lost during the push: {exc}")
+        return failure(exc, self.label, silent=f"push: no answer within {timeout:g} s",
+                       lost="connection lost during the push")
 
     def close(self) -> None:
         self.transport.close()

@@ -44,7 +44,8 @@ Connect = Callable[[Host], HostClient]
 
 
 class Interrupted(Exception):
-    pass
+    """Internal, not a ClusterrunError: Ctrl-C (or a stop) during a phase, raised in the runner and caught
+    in `Runner.run`, which turns it into the run's outcome (outcome.interrupted); it never reaches a user."""
 
 
 class Runner:
