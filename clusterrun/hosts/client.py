@@ -17,12 +17,13 @@ from ..errors import ConnectError, HostError, RemoteCommandError, StartError, Un
 from .. import remote
 from ..remote import BOOTSTRAP, EXIT_PROGRAM_MISSING, EXIT_UNSAFE_WORKDIR, INSTALLER, PROGRAM_ID, UNSAFE_WORKDIR
 from ..transport import Stream, StreamClosed, Transport
+from .bandwidth import BenchStream
 from .failures import error_answer, failure
 from .group import background
 from .manifest import Manifest
 from .relay import RelayGroup
 from .push import HeldPush, PushChannel, push_result
-from .wire import FollowStream, Prepended, ProgramMissing, Samples, exit_code_of, offer, pack_msg, read_msg
+from .wire import FollowStream, Prepended, ProgramMissing, Samples, exit_code_of, offer, read_msg
 
 if TYPE_CHECKING:
     from .pull import PullStream
@@ -212,7 +213,7 @@ class HostClient:
 
         return self._with_program(attempt)
 
-    def bandwidth(self, conf: dict) -> "BenchStream":
+    def bandwidth(self, conf: dict) -> BenchStream:
         """Start the host's `bandwidth` (remote/host/net/bandwidth.py: `check --net`) with its token and addr:;
         the stream, once the host listens (its ready answer: port, bound address, chosen interface)."""
         def attempt() -> BenchStream:
@@ -241,7 +242,7 @@ class HostClient:
         push that fails tells the chain, so the other hosts stop waiting for this one. coordinator: rank
         0's host binds the supervisors' meeting port now, so every host can be started at once. claim:
         (the request, the launch's ClaimGroup, this host's place in it): the host claims its share before
-        any byte is sent, and every host's answer meets in the group (hosts/claims.py)."""
+        any byte is sent, and every host's answer meets in the group (launch/claiming.py)."""
         try:
             result, stream, answer = self._with_program(lambda: self._push_once(
                 attempt_key, manifest, progress, hold, want_port, check_port, master_addr, relay, coordinator,
@@ -300,40 +301,6 @@ class HostClient:
 
     def close(self) -> None:
         self.transport.close()
-
-
-class BenchStream:
-    """A host's running `bandwidth`: one pair's job at a time (serve or connect), its answer back."""
-
-    def __init__(self, label: str, stream: Stream, ready: dict):
-        self.label = label
-        self.ready = ready  # {"port", "bound", "ifname", "why", "mtu"}
-        self._stream = stream
-
-    def start(self, kind: str, job: dict, timeout: float) -> Optional[str]:
-        """Hand it a serve or connect job (the pair's other host gets its own at the same time); why it
-        could not be handed over (None: it was)."""
-        try:
-            self._stream.write(pack_msg({kind: job}), timeout)
-            return None
-        except (TimeoutError, StreamClosed) as exc:
-            return f"{self.label}: connection lost: {exc}"
-
-    def result(self, pair: str, timeout: float) -> dict:
-        """The started job's answer ({"error"} when the pair failed)."""
-        try:
-            return read_msg(self._stream, timeout)["done"]
-        except TimeoutError:
-            return {"pair": pair, "error": f"{self.label} gave no answer within {timeout:g} s"}
-        except StreamClosed as exc:
-            return {"pair": pair, "error": f"{self.label}: connection lost: {exc}"}
-
-    def close(self) -> None:
-        try:
-            self._stream.write(pack_msg({"end": True}), 2.0)
-        except (TimeoutError, StreamClosed):
-            pass
-        self._stream.close()
 
 
 def _last_json(stdout: bytes) -> object:

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from clusterrun.check.links import judged, pair_links, rounds
-from clusterrun.check.net import addr_result, dns_result, iface_result, mtu_results, used_interface
+from clusterrun.check.net_rules import addr_result, dns_result, iface_result, mtu_results, used_interface
 from clusterrun.remote.host.net import bandwidth
 
 CHOICE = {"dest": "10.0.0.10", "ifname": "eth1", "why": "eth1 carries the route 10.0.0.0/24 to 10.0.0.10", "mtu": 1500,
