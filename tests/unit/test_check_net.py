@@ -83,6 +83,23 @@ def test_mtus_must_agree_on_the_interfaces_the_ranks_use():
     assert used_interface(NET, "auto", {"NCCL_SOCKET_IFNAME": "eth0"}, "nccl") == ("eth0", 1500)
 
 
+def test_check_and_a_launch_derive_the_ranks_interface_alike():
+    """One derivation (plan.chosen_interface): what check says the ranks use is what a launch gives them."""
+    from dataclasses import replace
+
+    from hostkit import make_host
+
+    from clusterrun.plan import net_choice
+
+    for mode in ("auto", "eth0", "eth1", "none"):
+        choice = net_choice(replace(make_host("/w"), ifname=mode), CHOICE, "10.0.0.10")
+        used = used_interface(NET, mode, {}, "gloo")
+        assert used == ((choice.ifname, choice.mtu) if choice.ifname else ("eth1", 1500)), mode
+    found_none = net_choice(replace(make_host("/w"), ifname="auto"), {**CHOICE, "ifname": None}, "10.0.0.10")
+    assert found_none.ifname is None and used_interface({**NET, "choice": {**CHOICE, "ifname": None}}, "auto", {},
+                                                        "gloo") == ("eth1", 1500)  # torch's pick: the route's
+
+
 # ------------------------------------------------------------------ check --net
 
 
