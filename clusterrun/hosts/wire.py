@@ -22,7 +22,9 @@ MSG_LEN = struct.Struct(">I")  # a framed message: its length, then JSON
 
 
 class ProgramMissing(Exception):
-    """The host program is not installed on the host (yet, or in this version)."""
+    """The host program is not installed on the host (yet, or in this version). Internal, not a
+    ClusterrunError: HostClient._with_program installs the program and tries once more; it never reaches a
+    user (a failed install is a RemoteCommandError)."""
 
 
 def read_msg(stream: Stream, timeout: float) -> dict:
@@ -66,7 +68,8 @@ class Frame:
 
 
 class Malformed(StreamClosed):
-    """The follow stream carried something that is not a frame: ends it like a lost connection."""
+    """The follow stream carried something that is not a frame: ends it like a lost connection. Internal,
+    as StreamClosed is: the follower reconnects, and after MAX_MALFORMED in a row reports the host lost."""
 
 
 class FollowStream:

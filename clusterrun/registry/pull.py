@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..config.inventory import Host, inventory_from_snapshot
-from ..errors import HostError, HostsFailed, UsageError
+from ..errors import HostError, HostsFailed, OutsideRun, PullStopped, UsageError
 from ..events import HostDone, HostProgress
 from ..hosts.client import HostClient
 from ..hosts.group import fan_out
 from ..hosts.manifest import HashCache
-from ..hosts.pull import Listing, OutsideRun, PullStopped, PullStream, RemoteFile, Want
+from ..hosts.pull import Listing, PullStream, RemoteFile, Want
 from .records import RunRecord
 from .runs import nodes_of
 from .store import PULLED, RunStore

@@ -11,7 +11,7 @@ from typing import Dict, Iterable, Optional
 
 from rich.text import Text
 
-from ..events import HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Waiting
+from ..events import Forwarded, HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Waiting
 from ..outcome import RunOutcome, hint_for
 from ..states import RankState, RunState
 from ..config.sizes import size_text
@@ -99,6 +99,10 @@ class RunView:
             self.err.print(Text(ev.text, style=style))
         elif isinstance(ev, Waiting):
             self._on_waiting(ev)
+        elif isinstance(ev, Forwarded):
+            from .ports import banner
+
+            self.err.print(Text(banner(ev.remote, ev.local, ev.host)))
 
     def _on_waiting(self, ev: Waiting) -> None:
         """launch --wait: a line each time its place in line changes (what it waits for, on which host)."""

@@ -273,7 +273,9 @@ def test_notify_runs_on_rank_0s_host_with_the_end_and_a_failing_or_hanging_one_c
 
 def test_port_specs_and_what_the_url_line_says():
     from clusterrun.errors import UsageError
-    from clusterrun.hosts.forward import PortSpec, banner, parse_spec
+    from clusterrun.cli.pull import parse_spec
+    from clusterrun.transport.forward import PortSpec
+    from clusterrun.ui.ports import banner
 
     assert parse_spec("6006") == PortSpec(6006, 6006)
     assert parse_spec("6006:16006") == PortSpec(6006, 16006)

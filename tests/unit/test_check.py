@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from clusterrun.check.doctor import ListenerSeen, Observed, evaluate, run_checks
-from clusterrun.check.net import connect_result, iface_result, shared_result
+from clusterrun.check.net_rules import connect_result, iface_result, shared_result
 from clusterrun.hosts.probe import Listener, ProbeAnswer, run_probe
 from clusterrun.ui.checks import render_checks
 from clusterrun.check.rules import (CHECKS, CheckResult, HostReport, Report, clock_result, clock_skew, cuda_result,

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from clusterrun.check.links import judged, pair_links, rounds
-from clusterrun.check.net import addr_result, dns_result, iface_result, mtu_results, used_interface
+from clusterrun.check.net_rules import addr_result, dns_result, iface_result, mtu_results, used_interface
 from clusterrun.remote.host.net import bandwidth
 
 CHOICE = {"dest": "10.0.0.10", "ifname": "eth1", "why": "eth1 carries the route 10.0.0.0/24 to 10.0.0.10", "mtu": 1500,
@@ -81,6 +81,23 @@ def test_mtus_must_agree_on_the_interfaces_the_ranks_use():
     assert notes == ["MTU differs between hosts: 1500 on n0, n1; 9000 on n2"]
     assert used_interface(NET, "none", {}, "gloo") == ("eth1", 1500)  # none: where the kernel sends
     assert used_interface(NET, "auto", {"NCCL_SOCKET_IFNAME": "eth0"}, "nccl") == ("eth0", 1500)
+
+
+def test_check_and_a_launch_derive_the_ranks_interface_alike():
+    """One derivation (plan.chosen_interface): what check says the ranks use is what a launch gives them."""
+    from dataclasses import replace
+
+    from hostkit import make_host
+
+    from clusterrun.plan import net_choice
+
+    for mode in ("auto", "eth0", "eth1", "none"):
+        choice = net_choice(replace(make_host("/w"), ifname=mode), CHOICE, "10.0.0.10")
+        used = used_interface(NET, mode, {}, "gloo")
+        assert used == ((choice.ifname, choice.mtu) if choice.ifname else ("eth1", 1500)), mode
+    found_none = net_choice(replace(make_host("/w"), ifname="auto"), {**CHOICE, "ifname": None}, "10.0.0.10")
+    assert found_none.ifname is None and used_interface({**NET, "choice": {**CHOICE, "ifname": None}}, "auto", {},
+                                                        "gloo") == ("eth1", 1500)  # torch's pick: the route's
 
 
 # ------------------------------------------------------------------ check --net

@@ -14,8 +14,8 @@ import pytest
 
 from clusterrun.config.inventory import Timeouts
 from clusterrun.errors import ClaimDropped, HostBusy
-from clusterrun.hosts.claims import ClaimGroup
 from clusterrun.hosts.client import HostClient
+from clusterrun.launch.claiming import ClaimGroup
 from clusterrun.remote.host.procs import start_ticks
 from clusterrun.remote.host.share.claims import Claims
 from clusterrun.transport.local import LocalTransport
@@ -213,7 +213,7 @@ def test_a_launch_that_goes_silent_is_dropped_from_the_line(tmp_path):
 def test_detach_wait_starts_by_itself_on_two_hosts(tmp_path):
     """--detach --wait: both hosts busy; the job is pushed and handed to waiters, which meet over
     loopback; when the holders go, both start (and the claims go with the run's end)."""
-    from clusterrun.hosts.claims import wait_mesh  # noqa: F401  (the runner builds the same mesh)
+    from clusterrun.launch.claiming import wait_mesh  # noqa: F401  (the runner builds the same mesh)
 
     hosts = [machine(tmp_path, f"m{i}") for i in range(2)]
     m = project(tmp_path, JOB)
