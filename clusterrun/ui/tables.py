@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # `ps` renders runs without loading the planner (and with it 
     from ..clean.apply import HostClean
     from ..hosts.claims import Holder
     from ..plan import LaunchPlan
-    from ..registry.pull import PullResult
+    from ..runs.pull import PullResult
 
 
 def show_plan(plan: "LaunchPlan", out: Console, routes: Optional[Dict[str, str]] = None) -> None:

@@ -262,7 +262,7 @@ def test_top_of_an_inventory_shows_every_users_live_claims_and_who_waits(tmp_pat
     and the hosts table names the holder, its slots and GPUs, and the waiters in line."""
     from rich.console import Console
 
-    from clusterrun.registry.live import TopTarget, top_view
+    from clusterrun.runs.top import TopTarget, top_view
     from clusterrun.remote.host.observe.samples import Sampler
     from clusterrun.ui.observe import top_renderable
 

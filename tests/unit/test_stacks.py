@@ -15,7 +15,7 @@ import pytest
 
 from clusterrun import outcome
 from clusterrun import stacks as st
-from clusterrun.registry.live import stragglers, top_view, TopTarget
+from clusterrun.runs.top import stragglers, top_view, TopTarget
 from clusterrun.remote.host.observe import samples as S
 from clusterrun.remote.host.observe import stacks as H
 from clusterrun.remote.host.run import oom

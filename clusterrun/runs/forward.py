@@ -14,9 +14,9 @@ from ..hosts.client import HostClient
 from ..hosts.forward import Forwarder, PortSpec
 from ..hosts.group import background
 from ..plan import attempt_key
-from .records import RunRecord
-from .runs import nodes_of
-from .store import RunStore
+from ..registry.records import RunRecord
+from ..registry.store import RunStore
+from .nodes import nodes_of
 
 WATCH_EVERY_S = 2.0
 

@@ -1,82 +1,22 @@
-"""Looking into a recorded run while it runs, also after `--detach` or with the controller dead: every
-rank's stacks (`clusterrun stacks`), gathered from its hosts in parallel; and `clusterrun top`, one open
-connection per host streaming what the host samples (its CPU, memory, network, GPUs and its ranks'),
-with the ranks that stand out from the others marked as stragglers."""
+"""`clusterrun top`: one open connection per host streaming what the host samples (its CPU, memory, network,
+GPUs and its ranks'), with the ranks that stand out from the others marked as stragglers. Of a recorded
+run's hosts while it runs (also after `--detach` or with the controller dead), or of an inventory's hosts
+alone, with which clusterrun runs hold them."""
 
 from __future__ import annotations
 
+import os
 import queue
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .. import stacks as st
-from ..config.inventory import Host
-from ..errors import UsageError
-from ..hosts.client import HostClient
-from ..hosts.group import fan_out_background, on_hosts
+from ..config.inventory import Host, Inventory
+from ..hosts.client import HostClient, make_connect
+from ..hosts.group import fan_out_background
 from ..plan import attempt_key
-from .runs import nodes_of
-from .store import RunStore
-
-Connect = Callable[[Host], HostClient]
-
-
-@dataclass(frozen=True)
-class StacksReport:
-    run_id: str
-    world: int
-    ranks: Tuple[st.RankStack, ...]
-    groups: Tuple[st.Group, ...]
-    unreachable: Dict[str, str]  # host → why it could not be asked
-
-    def to_json(self) -> dict:
-        return st.to_json(self.run_id, self.ranks, self.groups, self.unreachable)
-
-    @property
-    def vias(self) -> Dict[str, int]:
-        """How the stacks were read: {"py-spy": n, "faulthandler": m} (ranks that run)."""
-        out: Dict[str, int] = {}
-        for r in self.ranks:
-            if r.via:
-                out[r.via] = out.get(r.via, 0) + 1
-        return out
-
-
-def gather_stacks(store: RunStore, run_id: str, connect: Connect, ranks: Sequence[int] = (),
-                  via: str = "auto") -> StacksReport:
-    """Ask every host of the run's current attempt (or only those of `ranks`) for its ranks' stacks."""
-    record = store.get(run_id)
-    _, nodes = nodes_of(record)
-    host_of = {r.rank: r.host for r in record.ranks}
-    unknown = sorted(set(ranks) - set(host_of))
-    if unknown:
-        raise UsageError(f"run {run_id} has no rank {', '.join(map(str, unknown))} "
-                         f"(it has ranks 0-{len(host_of) - 1})")
-    wanted = [n for n in nodes if not ranks or n.host.name in {host_of[r] for r in ranks}]
-    key = attempt_key(run_id, record.attempt)
-    asked = on_hosts(wanted, connect, lambda node, client: client.stacks(key, ranks, via), thread_name="stacks")
-    found = _answers(wanted, asked, ranks)
-    seen = {s.rank for s in found}
-    # the ranks of a host that did not answer still get their line
-    found += [st.RankStack(rank, host, None, "unreachable", "", error=asked.errors[host].message)
-              for rank, host in sorted(host_of.items())
-              if rank not in seen and host in asked.errors and (not ranks or rank in ranks)]
-    found.sort(key=lambda s: s.rank)
-    return StacksReport(run_id, len(host_of), tuple(found), tuple(st.fold(found)),
-                        {name: err.message for name, err in asked.failed.items()})
-
-
-def _answers(nodes: Sequence, asked, ranks: Sequence[int]) -> List[st.RankStack]:
-    found: List[st.RankStack] = []
-    for node in nodes:
-        answer = asked.results.get(node.host.name)
-        if answer is not None:
-            found += [s for s in st.from_host(node.host.name, answer) if not ranks or s.rank in ranks]
-    return found
-
-
-# -------------------------------------------------------------- top
+from ..registry.store import RunStore
+from .nodes import Connect, connect_for, nodes_of, timeouts_of
 
 
 @dataclass(frozen=True)
@@ -100,14 +40,6 @@ class TopView:
 
     def to_json(self) -> dict:
         return {**({"run": self.run_id} if self.run_id else {}), "hosts": list(self.hosts), "ranks": list(self.ranks)}
-
-
-def top_targets(store: RunStore, run_id: str) -> List[TopTarget]:
-    """The hosts of a recorded run's current attempt."""
-    record = store.get(run_id)
-    _, nodes = nodes_of(record)
-    key = attempt_key(run_id, record.attempt)
-    return [TopTarget(n.host, key) for n in nodes]
 
 
 HOST_FIELDS = ("cpu_pct", "cores", "load1", "mem_used", "mem_total", "net_rx", "net_tx", "gpus")
@@ -175,6 +107,39 @@ def _silence_odd(r: dict, others: Sequence[dict]) -> str:
     if mine >= 10 and mine > 4 * (typical + 1):
         return f"silent {mine:.0f} s where the others wrote ~{typical:.0f} s ago"
     return ""
+
+
+# -------------------------------------------------------------- what to watch, and watching it
+
+
+@dataclass(frozen=True)
+class TopWatch:
+    """What `top` watches: the hosts, how to reach them, and how long a host may take beyond an interval."""
+
+    run_id: str  # "" for an inventory's hosts
+    targets: Tuple[TopTarget, ...]
+    connect: Connect
+    command_timeout: float
+
+    def watch(self, *, interval: float, once: bool, on_view: Callable[[TopView], None],
+              stop_flag: List[bool]) -> TopView:
+        return watch_top(self.run_id, self.targets, self.connect, interval=interval, once=once, on_view=on_view,
+                         stop_flag=stop_flag, command_timeout=self.command_timeout)
+
+
+def top_watch(target: Optional[str], store: Callable[[], RunStore], load: Callable[[str], Inventory]) -> TopWatch:
+    """`top TARGET`: an inventory file's hosts alone (loaded with `load`), else the hosts of a recorded run's
+    current attempt (TARGET: an id, a unique prefix, `latest`; none: the latest), with its timeouts."""
+    if target and os.path.isfile(target):
+        inv = load(target)
+        return TopWatch("", tuple(TopTarget(h, "-", h.claims_dir or "") for h in inv.hosts),
+                        make_connect(inv.timeouts), inv.timeouts.command)
+    registry = store()
+    record = registry.get(registry.resolve(target))
+    _, nodes = nodes_of(record)
+    key = attempt_key(record.id, record.attempt)
+    return TopWatch(record.id, tuple(TopTarget(n.host, key) for n in nodes), connect_for(record),
+                    timeouts_of(record).command)
 
 
 def watch_top(run_id: str, targets: Sequence[TopTarget], connect: Connect, *, interval: float, once: bool,
