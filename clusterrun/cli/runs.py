@@ -68,7 +68,7 @@ def _host_claims(inventory: str, as_json: bool) -> int:
                                "unreachable": {name: str(e) for name, e in listing.failed.items()}}, indent=2))
     else:
         from ..ui.console import console
-        from ..ui.tables import show_host_claims
+        from ..ui.claims import show_host_claims
 
         show_host_claims(listing, console(stderr=False))
     return EXIT_CONNECT if listing.failed else EXIT_OK

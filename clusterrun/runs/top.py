@@ -1,7 +1,7 @@
 """`clusterrun top`: one open connection per host streaming what the host samples (its CPU, memory, network,
-GPUs and its ranks'), with the ranks that stand out from the others marked as stragglers. Of a recorded
-run's hosts while it runs (also after `--detach` or with the controller dead), or of an inventory's hosts
-alone, with which clusterrun runs hold them."""
+GPUs and its ranks'; samples.py), with the ranks that stand out from the others marked as stragglers. Of a
+recorded run's hosts while it runs (also after `--detach` or with the controller dead), or of an
+inventory's hosts alone, with which clusterrun runs hold them."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import os
 import queue
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..config.inventory import Host, Inventory
+from ..hosts.claims import Holder
 from ..hosts.client import HostClient, make_connect
 from ..hosts.group import fan_out_background
 from ..plan import attempt_key
 from ..registry.store import RunStore
 from .nodes import Connect, connect_for, nodes_of, timeouts_of
+from .samples import HostLoad, RankLoad, Sample
 
 
 @dataclass(frozen=True)
@@ -29,39 +31,64 @@ class TopTarget:
 
 
 @dataclass(frozen=True)
+class HostRow:
+    """A host in one refresh: its last sample's load, or why there is none."""
+
+    name: str
+    load: HostLoad
+    error: str = ""
+    runs: Optional[Tuple[str, ...]] = None  # the host alone ("-"): the runs its supervisors run
+    claims: Optional[Tuple[Holder, ...]] = None  # ... and every user's claims and queue entries there
+
+    def to_json(self) -> dict:
+        extra = {"runs": list(self.runs or ()), "claims": [c.to_json() for c in self.claims or ()]} \
+            if self.runs is not None else {}
+        return {"name": self.name, **self.load.to_json(), **extra, **({"error": self.error} if self.error else {})}
+
+
+@dataclass(frozen=True)
+class RankRow:
+    host: str
+    load: RankLoad
+    straggler: str = ""  # why it stands out from the others ("" when it does not)
+
+    def to_json(self) -> dict:
+        return {**self.load.to_json(), "host": self.host, "straggler": self.straggler}
+
+
+@dataclass(frozen=True)
 class TopView:
     """One refresh of `clusterrun top`: the last sample of every host, every rank, and who straggles."""
 
     run_id: str  # "" for an inventory's hosts
-    hosts: Tuple[dict, ...]  # {"name", "cpu_pct", "cores", "load1", "mem_used", "mem_total", "net_rx", "net_tx",
-    #                            "gpus", "runs"?, "claims"?, "error"?}
-    ranks: Tuple[dict, ...]  # {"rank", "host", "state", "cpu_pct", "rss", "rss_children", "children",
-    #                            "last_output_s", "straggler"}
+    hosts: Tuple[HostRow, ...]
+    ranks: Tuple[RankRow, ...]
+
+    @property
+    def inventory(self) -> bool:
+        """An inventory's hosts alone (their claims shown), not a run's."""
+        return not self.run_id
 
     def to_json(self) -> dict:
-        return {**({"run": self.run_id} if self.run_id else {}), "hosts": list(self.hosts), "ranks": list(self.ranks)}
+        return {**({"run": self.run_id} if self.run_id else {}), "hosts": [h.to_json() for h in self.hosts],
+                "ranks": [r.to_json() for r in self.ranks]}
 
 
-HOST_FIELDS = ("cpu_pct", "cores", "load1", "mem_used", "mem_total", "net_rx", "net_tx", "gpus")
-
-
-def top_view(run_id: str, targets: Sequence[TopTarget], samples: Dict[str, object]) -> TopView:
-    """The view from each host's last sample (a dict) or why there is none (a str)."""
+def top_view(run_id: str, targets: Sequence[TopTarget], samples: Mapping[str, Union[Sample, str]]) -> TopView:
+    """The view from each host's last sample, or why there is none (a str)."""
     hosts, ranks = [], []
     for t in targets:
         sample = samples.get(t.host.name)
-        if not isinstance(sample, dict):
-            hosts.append({"name": t.host.name, **{k: None for k in HOST_FIELDS},
-                          "error": str(sample) if sample is not None else "no sample yet"})
+        if not isinstance(sample, Sample):
+            hosts.append(HostRow(t.host.name, HostLoad(), error=str(sample) if sample is not None else "no sample yet"))
             continue
-        h = sample.get("host") or {}
-        hosts.append({"name": t.host.name, **{k: h.get(k) for k in HOST_FIELDS},
-                      **({"runs": sample.get("runs") or [], "claims": sample.get("claims") or []}
-                         if t.target == "-" else {})})
-        ranks += [{**r, "host": t.host.name} for r in sample.get("ranks") or () if isinstance(r, dict)]
-    ranks.sort(key=lambda r: r.get("rank", 0))
-    marks = stragglers(ranks)
-    return TopView(run_id, tuple(hosts), tuple({**r, "straggler": marks.get(r.get("rank"), "")} for r in ranks))
+        alone = t.target == "-"
+        hosts.append(HostRow(t.host.name, sample.host, runs=sample.runs if alone else None,
+                             claims=sample.claims if alone else None))
+        ranks += [(r, t.host.name) for r in sample.ranks]
+    ranks.sort(key=lambda rh: rh[0].rank)
+    marks = stragglers([r for r, _ in ranks])
+    return TopView(run_id, tuple(hosts), tuple(RankRow(host, r, marks.get(r.rank, "")) for r, host in ranks))
 
 
 def _median(values: Sequence[float]) -> float:
@@ -70,10 +97,10 @@ def _median(values: Sequence[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def stragglers(ranks: Sequence[dict]) -> Dict[int, str]:
+def stragglers(ranks: Sequence[RankLoad]) -> Dict[int, str]:
     """rank → why it stands out from the other running ranks: far less (or more) CPU than their median, or
     silent far longer than they are. Needs at least 3 running ranks: with fewer there is no "the others"."""
-    running = [r for r in ranks if r.get("state") == "running"]
+    running = [r for r in ranks if r.running]
     out: Dict[int, str] = {}
     if len(running) < 3:
         return out
@@ -81,14 +108,14 @@ def stragglers(ranks: Sequence[dict]) -> Dict[int, str]:
         others = [o for o in running if o is not r]
         why = _cpu_odd(r, others) or _silence_odd(r, others)
         if why:
-            out[r["rank"]] = why
+            out[r.rank] = why
     return out
 
 
-def _cpu_odd(r: dict, others: Sequence[dict]) -> str:
-    cpus = [o["cpu_pct"] for o in others if isinstance(o.get("cpu_pct"), (int, float))]
-    mine = r.get("cpu_pct")
-    if not cpus or not isinstance(mine, (int, float)):
+def _cpu_odd(r: RankLoad, others: Sequence[RankLoad]) -> str:
+    cpus = [o.cpu_pct for o in others if o.cpu_pct is not None]
+    mine = r.cpu_pct
+    if not cpus or mine is None:
         return ""
     typical = _median(cpus)
     if typical >= 20 and mine < typical / 3:
@@ -98,10 +125,10 @@ def _cpu_odd(r: dict, others: Sequence[dict]) -> str:
     return ""
 
 
-def _silence_odd(r: dict, others: Sequence[dict]) -> str:
-    quiet = [o["last_output_s"] for o in others if isinstance(o.get("last_output_s"), (int, float))]
-    mine = r.get("last_output_s")
-    if not quiet or not isinstance(mine, (int, float)):
+def _silence_odd(r: RankLoad, others: Sequence[RankLoad]) -> str:
+    quiet = [o.last_output_s for o in others if o.last_output_s is not None]
+    mine = r.last_output_s
+    if not quiet or mine is None:
         return ""
     typical = _median(quiet)
     if mine >= 10 and mine > 4 * (typical + 1):
@@ -151,12 +178,13 @@ def watch_top(run_id: str, targets: Sequence[TopTarget], connect: Connect, *, in
     clients: Dict[str, HostClient] = {}
 
     def stream(t: TopTarget) -> None:
-        client = clients[t.host.name] = connect(t.host)
+        name = t.host.name
+        client = clients[name] = connect(t.host)
         samples = client.samples(t.target, interval, 1 if once else 0, t.claims_dir)
         try:
-            events.put((t.host.name, samples.first))
+            events.put((name, Sample.from_wire(name, samples.first)))
             while not once and not stop_flag:
-                events.put((t.host.name, samples.next(interval + command_timeout)))
+                events.put((name, Sample.from_wire(name, samples.next(interval + command_timeout))))
         finally:
             samples.close()
 
@@ -165,7 +193,7 @@ def watch_top(run_id: str, targets: Sequence[TopTarget], connect: Connect, *, in
             events.put((t.host.name, f"{getattr(result, 'reason', 'error')}: {getattr(result, 'message', result)}"))
 
     fan_out_background(targets, stream, name=lambda t: t.host.name, on_each=ended, thread_name="top")
-    latest: Dict[str, object] = {}
+    latest: Dict[str, Union[Sample, str]] = {}
     try:
         return _pump(run_id, targets, events, latest, interval, once, on_view, stop_flag)
     finally:
@@ -173,7 +201,7 @@ def watch_top(run_id: str, targets: Sequence[TopTarget], connect: Connect, *, in
             client.close()
 
 
-def _pump(run_id: str, targets: Sequence[TopTarget], events: "queue.Queue", latest: Dict[str, object],
+def _pump(run_id: str, targets: Sequence[TopTarget], events: "queue.Queue", latest: Dict[str, Union[Sample, str]],
           interval: float, once: bool, on_view: Callable[[TopView], None], stop_flag: List[bool]) -> TopView:
     shown = 0.0
     view = top_view(run_id, targets, latest)
@@ -182,7 +210,7 @@ def _pump(run_id: str, targets: Sequence[TopTarget], events: "queue.Queue", late
             name, sample = events.get(timeout=0.1)
         except queue.Empty:
             continue
-        latest[name] = sample  # a dict, or why the host's stream ended
+        latest[name] = sample  # a Sample, or why the host's stream ended
         view = top_view(run_id, targets, latest)
         if once and len(latest) == len(targets):
             return view
