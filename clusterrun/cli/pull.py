@@ -59,7 +59,7 @@ def pull(args: Sequence[str], host: Optional[str], all_hosts: bool, to: Optional
     Incremental by content, resumable, atomic per file. Exit 0; 1 when a host failed; 2 bad input
     (nothing written); 3 a host unreachable; 130 interrupted (pull again to continue).
     """
-    from ..registry.pull import pull_run
+    from ..runs.pull import pull_run
     from ..ui.run_view import RunView
     from ..ui.tables import show_pull
     from ..events import Phase
@@ -106,7 +106,7 @@ def forward(args: Sequence[str], host: Optional[str]) -> int:
     """
     from rich.text import Text
 
-    from ..registry.forward import forward_run
+    from ..runs.forward import forward_run
     from ..ui.console import console
     from ..ui.ports import banner
 

@@ -1,6 +1,6 @@
 """The controller's side of the host's `pull` (remote/host/observe/pull.py, protocol at its top): the
 listing of what the PATHs select, then the bytes of the files asked for, each handed to a sink as it
-comes. What to ask for and where the bytes go is the caller's (registry/pull.py)."""
+comes. What to ask for and where the bytes go is the caller's (runs/pull.py)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def pull_outputs(store: RunStore, run_id: str, result: RunOutcome, rank0: Callab
         emit(Notice(f"job.outputs not pulled: rank 0's host was lost; `clusterrun pull {run_id}` once it is back",
                     "warning"))
         return
-    from ..registry.pull import pull_files, pull_targets
+    from ..runs.pull import pull_files, pull_targets
 
     record = store.get(run_id)
     folder, targets = pull_targets(store, record)

@@ -106,7 +106,7 @@ class RunView:
 
     def _on_waiting(self, ev: Waiting) -> None:
         """launch --wait: a line each time its place in line changes (what it waits for, on which host)."""
-        from .tables import wait_line
+        from .claims import wait_line
 
         line = wait_line(ev.status)
         target = self._progress.console if self._progress is not None else self.err
@@ -114,7 +114,7 @@ class RunView:
 
     def busy(self, exc) -> None:
         """Exit 5: who holds what on each busy host."""
-        from .tables import show_busy
+        from .claims import show_busy
 
         show_busy(exc, self.err)
 

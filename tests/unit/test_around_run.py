@@ -139,7 +139,7 @@ def test_pull_brings_outputs_back_incrementally_per_host_and_refuses_what_leads_
 def test_a_cut_pull_resumes_from_its_part_file_and_never_leaves_half_a_file(project, cr_home):
     from clusterrun.config.inventory import Timeouts
     from clusterrun.hosts.client import make_connect
-    from clusterrun.registry.pull import pull_run
+    from clusterrun.runs.pull import pull_run
     from clusterrun.registry.store import RunStore
 
     assert cli("launch", inventory(project)).returncode == 0

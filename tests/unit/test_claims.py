@@ -262,7 +262,8 @@ def test_top_of_an_inventory_shows_every_users_live_claims_and_who_waits(tmp_pat
     and the hosts table names the holder, its slots and GPUs, and the waiters in line."""
     from rich.console import Console
 
-    from clusterrun.registry.live import TopTarget, top_view
+    from clusterrun.runs.samples import Sample
+    from clusterrun.runs.top import TopTarget, top_view
     from clusterrun.remote.host.observe.samples import Sampler
     from clusterrun.ui.observe import top_renderable
 
@@ -284,7 +285,7 @@ def test_top_of_an_inventory_shows_every_users_live_claims_and_who_waits(tmp_pat
     class H:
         name = "n0"
 
-    view = top_view("", [TopTarget(H(), "-", str(tmp_path / "claims"))], {"n0": sample})
+    view = top_view("", [TopTarget(H(), "-", str(tmp_path / "claims"))], {"n0": Sample.from_wire("n0", sample)})
     assert [e["run"] for e in view.to_json()["hosts"][0]["claims"]] == [e["run"] for e in sample["claims"]]
     out = Console(width=200, record=True)
     out.print(top_renderable(view))

@@ -15,7 +15,8 @@ import pytest
 
 from clusterrun import outcome
 from clusterrun import stacks as st
-from clusterrun.registry.live import stragglers, top_view, TopTarget
+from clusterrun.runs.samples import RankLoad, Sample
+from clusterrun.runs.top import stragglers, top_view, TopTarget
 from clusterrun.remote.host.observe import samples as S
 from clusterrun.remote.host.observe import stacks as H
 from clusterrun.remote.host.run import oom
@@ -297,7 +298,7 @@ def test_proc_files_are_read(tmp_path):
 
 
 def ranks(*cpu_quiet):
-    return [{"rank": i, "state": "running", "cpu_pct": c, "last_output_s": q} for i, (c, q) in enumerate(cpu_quiet)]
+    return [RankLoad(i, "running", cpu_pct=c, last_output_s=q) for i, (c, q) in enumerate(cpu_quiet)]
 
 
 def test_a_rank_far_from_the_others_is_a_straggler():
@@ -314,7 +315,7 @@ def test_the_top_view_keeps_every_host_and_rank():
     targets = [TopTarget(a, "R"), TopTarget(b, "R")]
     sample = {"host": {"cpu_pct": 50.0, "cores": 2, "load1": 1.0, "mem_used": 1, "mem_total": 2, "net_rx": 0,
                        "net_tx": 0, "gpus": None}, "ranks": [{"rank": 1, "state": "running", "cpu_pct": 9.0}]}
-    view = top_view("R", targets, {"here": sample})
+    view = top_view("R", targets, {"here": Sample.from_wire("here", sample)})
     doc = view.to_json()
     assert doc["hosts"][0]["cpu_pct"] == 50.0 and doc["ranks"] == [{"rank": 1, "state": "running", "cpu_pct": 9.0,
                                                                     "host": "here", "straggler": ""}]

@@ -26,9 +26,9 @@ from ..hosts.client import HostClient
 from ..hosts.group import fan_out
 from ..hosts.manifest import HashCache
 from ..hosts.pull import Listing, PullStream, RemoteFile, Want
-from .records import RunRecord
-from .runs import nodes_of
-from .store import PULLED, RunStore
+from ..registry.records import RunRecord
+from ..registry.store import PULLED, RunStore
+from .nodes import nodes_of
 
 CHUNK = 1 << 20
 

@@ -13,10 +13,10 @@ from ..errors import HostError, UsageError
 from ..hosts.client import HostClient
 from ..hosts.group import background
 from ..plan import attempt_key
+from ..registry.records import RunRecord
+from ..registry.store import RunStore
 from ..transport.forward import Forwarder, PortSpec
-from .records import RunRecord
-from .runs import nodes_of
-from .store import RunStore
+from .nodes import nodes_of
 
 WATCH_EVERY_S = 2.0
 
