@@ -105,3 +105,16 @@ def test_the_start_a_pull_and_a_call_go_through_it(tmp_path):
     with pytest.raises(RemoteCommandError) as got:
         client.status("x")
     assert str(got.value) == "node1: command failed: status: no such run (/w/runs/x) (exit 1)"
+
+
+def test_top_s_samples_stream_fails_in_the_same_words():
+    """`top` shows a host's error as `reason: message`: a silent host is a CommandTimeout that says what it
+    waited for (a bare TimeoutError would read "error: "), an ended stream a ConnectError with its tail."""
+    from clusterrun.hosts.wire import Samples
+
+    with pytest.raises(CommandTimeout) as silent:
+        Samples(Stream(silent=True), "node1").next(2.0)
+    assert str(silent.value) == "node1: no answer: samples: nothing within 2 s"
+    with pytest.raises(ConnectError) as ended:
+        Samples(Stream(stderr=b"Traceback ...\nMemoryError\n"), "node1").next(2.0)
+    assert str(ended.value) == "node1: unreachable: samples ended: exit 1: Traceback ...\nMemoryError"
