@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -19,6 +20,7 @@ from clusterrun.hosts.client import HostClient
 from clusterrun.remote.host.procs import start_ticks
 from clusterrun.remote.host.share.claims import Claims
 from clusterrun.transport.local import LocalTransport
+import support
 from hostkit import make_host, project, spec
 
 
@@ -84,13 +86,7 @@ def start_spec(run, req, seconds=0.0):
     return spec(run, [(0, [sys.executable, "job.py", str(seconds)])], claim=dict(req, keep_s=0))
 
 
-def wait_for(cond, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
+wait_for = partial(support.wait_for, timeout=20.0, every=0.05)  # this module's pace: local processes
 
 
 def test_a_busy_host_names_its_holder_and_nothing_is_made(tmp_path):
