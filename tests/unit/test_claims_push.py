@@ -40,7 +40,7 @@ def request(folder, run, node, *, slots=1, wait=False, detach=False, ticket=None
 def hold(folder, run="theirs", pid=None):
     """Another run's claim on the whole host, owned by pid (default: this test process)."""
     c = Claims(request(folder, run, "x"))
-    assert "granted" in c.admit()
+    assert c.admit() == {"granted": []}
     pid = pid or __import__("os").getpid()
     c.set_claim("running", pid=pid, ticks=start_ticks(pid))
     return c
@@ -113,7 +113,9 @@ def test_the_supervisor_adopts_the_claim_and_gives_it_up_at_the_end(tmp_path):
     state = out[0].start(start_spec("r1", req, seconds=1.5))
     claim = json.loads((tmp_path / "m0" / "claims" / f"{__import__('os').getuid()}-r1-m0.claim").read_text())
     assert claim["pid"] == state["supervisor"]["pid"] and claim["state"] == "running"
-    assert "blocked" in Claims(request(folder, "r2", "m0")).admit(take=False)
+    verdict = Claims(request(folder, "r2", "m0")).admit(take=False)
+    assert ([h["run"] for h in verdict.pop("holders")], verdict) == \
+        (["r1"], {"blocked": True, "ahead": [], "position": 1, "retry": False})
     assert wait_for(lambda: (tmp_path / "m0" / "work" / "runs" / "r1" / "done.json").exists())
     assert wait_for(lambda: entries(folder) == [])
     client.close()
@@ -198,7 +200,10 @@ def test_a_launch_that_goes_silent_is_dropped_from_the_line(tmp_path):
     try:
         stream.write(pack_msg({**m.wire(), "hold": True, "claim": request(folder, "r1", "m0", wait=True,
                                                                           silence=1.0)}))
-        assert "queued" in read_msg(stream, 10)
+        status = read_msg(stream, 10)["queued"]
+        assert [h["run"] for h in status.pop("holders")] == ["theirs"]
+        me = __import__("pwd").getpwuid(__import__("os").getuid()).pw_name
+        assert status == {"ready": False, "position": 1, "ahead": [], "why": f"{me}'s run theirs (running)"}
         assert any(n.endswith("-r1-m0.queue") for n in entries(folder))
         assert wait_for(lambda: not any("-r1-" in n for n in entries(folder)), timeout=10)
         assert stream.wait(10) != 0
