@@ -1,5 +1,5 @@
-"""What the tests of every lane share: waiting for a condition, a free local port, a folder of files, an
-inventory's text.
+"""What the tests of every lane share: waiting for a condition, a free local port, whether a process is
+alive, a folder of files, an inventory's text.
 
 Importable as `support` from every lane: tests/conftest.py lies beside it, and pytest (rootdir-based,
 `prepend` import mode) puts the folder of each conftest.py it loads on sys.path, as it does for
@@ -9,6 +9,7 @@ tests/unit's hostkit and tests/integration's clusterkit and faultkit.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -50,6 +51,16 @@ def listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def alive(pid: int) -> bool:
+    """Whether process pid is running (a zombie, ended but not yet reaped, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().split(") ")[1][0] != "Z"
 
 
 def write_tree(root: Path, files: Mapping[str, Union[str, bytes]]) -> Path:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from support import inventory_text, poll, write_tree
+from support import alive, inventory_text, poll, write_tree
 
 pytestmark = pytest.mark.job
 torch = pytest.importorskip("torch")
@@ -50,15 +50,6 @@ def rank_pids(project):
     return [int((run_dir / "job" / f"pid-{r}").read_text()) for r in range(2)]
 
 
-def gone(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().split(") ")[1][0] == "Z"
-
-
 def launch(project, *args, **kw):
     return subprocess.run(CLI + ["launch", str(project / "inv.yaml"), *args], capture_output=True, text=True,
                           cwd=project, timeout=120, **kw)
@@ -79,7 +70,7 @@ def test_a_failing_rank_stops_the_other_and_exits_1(project):
     assert "[here r1] rank 1 fails on purpose" in done.stdout
     assert "Root cause (first observed failure)" in done.stderr
     assert "rank 1 on here: exit code 5" in done.stderr
-    assert all(gone(p) for p in rank_pids(project))
+    assert not any(alive(p) for p in rank_pids(project))
     assert took < 30
     ps = subprocess.run(CLI + ["ps", "--json"], capture_output=True, text=True, check=True)
     (run,) = json.loads(ps.stdout)
@@ -102,7 +93,7 @@ def test_ctrl_c_stops_every_rank_and_exits_130(project):
             proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    assert all(gone(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_detach_then_logs_ps_and_stop(project):
@@ -121,7 +112,7 @@ def test_detach_then_logs_ps_and_stop(project):
     pids = rank_pids(project)
     stop = subprocess.run(CLI + ["stop", "latest", "--grace", "1"], capture_output=True, text=True, timeout=60)
     assert stop.returncode == 0, stop.stderr
-    assert all(gone(p) for p in pids)
+    assert not any(alive(p) for p in pids)
     ps = json.loads(subprocess.run(CLI + ["ps", "--json"], capture_output=True, text=True).stdout)
     assert ps[0]["state"] == "stopped"
     again = subprocess.run(CLI + ["stop", run_id], capture_output=True, text=True, timeout=60)

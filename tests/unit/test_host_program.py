@@ -16,7 +16,7 @@ from clusterrun.hosts.client import HostClient
 from clusterrun.config.inventory import Timeouts
 from clusterrun.transport.local import LocalTransport
 from hostkit import make_host, project, spec
-from support import poll, wait_for
+from support import alive, poll, wait_for
 
 
 def test_push_is_incremental_by_content_and_private(host_client, tmp_path):
@@ -60,15 +60,6 @@ def start_sleepers(host_client, tmp_path, run_id, code="import time; time.sleep(
     host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False)
     ranks = [(r, [sys.executable, "-c", code]) for r in range(n)]
     return host_client.start(run_id, spec(run_id, ranks, **extra))
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().split(") ")[1][0] != "Z"
 
 
 def test_start_detaches_and_stop_ends_every_rank_by_process_group(host_client, tmp_path):
