@@ -10,6 +10,7 @@ import pytest
 from clusterrun.check.links import judged, pair_links, rounds
 from clusterrun.check.net_rules import addr_result, dns_result, iface_result, mtu_results, used_interface
 from clusterrun.remote.host.net import bandwidth
+from support import inventory_text, write_tree
 
 CHOICE = {"dest": "10.0.0.10", "ifname": "eth1", "why": "eth1 carries the route 10.0.0.0/24 to 10.0.0.10", "mtu": 1500,
           "interfaces": [{"name": "lo", "addrs": ["127.0.0.1"], "mtu": 65536, "up": True},
@@ -187,6 +188,10 @@ def test_the_sockets_are_bound_to_the_hosts_address():
         bandwidth.Bench({"token": "x", "addr": "203.0.113.77"})
 
 
+def three_local(tmp_path):
+    return [{"name": f"h{i}", "connection": "local", "workdir": f"{tmp_path}/w{i}"} for i in range(3)]
+
+
 def test_check_net_on_three_local_hosts_through_the_cli(tmp_path, capsys, monkeypatch):
     """The whole path: the host programs started over the local transport, rounds, the matrix, JSON, the
     table."""
@@ -194,9 +199,7 @@ def test_check_net_on_three_local_hosts_through_the_cli(tmp_path, capsys, monkey
 
     from clusterrun.cli import run
 
-    (tmp_path / "job.py").write_text("print(1)\n")
-    hosts = "\n".join(f"  - {{name: h{i}, connection: local, workdir: {tmp_path}/w{i}}}" for i in range(3))
-    (tmp_path / "inv.yaml").write_text(f"version: 1\nhosts:\n{hosts}\njob: {{script: job.py}}\n")
+    write_tree(tmp_path, {"job.py": "print(1)\n", "inv.yaml": inventory_text(three_local(tmp_path), {"script": "job.py"})})
     assert run(["check", str(tmp_path / "inv.yaml"), "--net", "--mb", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["rounds"] == 2 and report["hosts"] == ["h0", "h1", "h2"]
@@ -217,9 +220,8 @@ def test_a_host_that_cannot_be_reached_is_named_and_the_rest_is_measured(tmp_pat
     from clusterrun.errors import ConnectError
     from clusterrun.hosts.client import make_connect
 
-    (tmp_path / "job.py").write_text("print(1)\n")
-    hosts = "\n".join(f"  - {{name: h{i}, connection: local, workdir: {tmp_path}/w{i}}}" for i in range(3))
-    inv = parse_inventory(f"version: 1\nhosts:\n{hosts}\njob: {{script: job.py}}\n", str(tmp_path / "inv.yaml"))
+    write_tree(tmp_path, {"job.py": "print(1)\n"})
+    inv = parse_inventory(inventory_text(three_local(tmp_path), {"script": "job.py"}), str(tmp_path / "inv.yaml"))
     local = make_connect(inv.timeouts)
 
     def connect(host):

@@ -22,6 +22,7 @@ from clusterrun.remote.host.observe import stacks as H
 from clusterrun.remote.host.run import oom
 from clusterrun.states import RankState, RunState
 from hostkit import make_host
+from support import poll
 
 JOB = "/home/cr/.clusterrun/runs/20261201-101010-ab12/job/"
 TORCH = "/opt/venv/lib/python3.11/site-packages/torch/distributed/"
@@ -335,9 +336,7 @@ def test_top_samples_a_run_whose_ranks_ended(tmp_path):
     c.start(run, spec(run, [(0, [sys.executable, "-c", "print('hi')"]),
                             (1, [sys.executable, "-c", "import time; time.sleep(30)"])], grace=1.0))
     try:
-        deadline = time.monotonic() + 10
-        while not (tmp_path / "w" / "runs" / run / "rank-0.exit").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll(lambda: (tmp_path / "w" / "runs" / run / "rank-0.exit").exists(), timeout=10)
         samples = c.samples(run, 0.3, 2)
         got = [samples.first, samples.next(10)]
         samples.close()
