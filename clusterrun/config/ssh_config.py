@@ -1,54 +1,41 @@
-"""Where and how to reach an SSH host, as OpenSSH would: the inventory's values over ~/.ssh/config's
-(and /etc/ssh/ssh_config's), as a `SshTarget` that remembers where each value came from.
+"""Where and how to reach an SSH host, as OpenSSH would: the inventory's values over ~/.ssh/config's (and
+/etc/ssh/ssh_config's), as a `SshTarget` that remembers where each value came from.
 
-The config is read the way OpenSSH reads it: `Include` (globs; relative to ~/.ssh or /etc/ssh; inside a
-Host or Match block it is conditional), `Host` patterns with `*`, `?` and `!`, `Match` (all, host,
-originalhost, user, localuser), the first obtained value of a keyword wins (IdentityFile accumulates),
-and the tokens (%h %p %r %u %n %d %l %L %i %%) in HostName, IdentityFile, ProxyCommand and User.
-What only OpenSSH can evaluate (`Match exec`, `canonical`, `final`, `localnetwork`, `tagged`) is flagged
-in `Resolved.needs_openssh`: the transport then asks `ssh -G` (transport/openssh.py) for the values.
+The config is read exactly as OpenSSH 9.2's client reads it (ssh_readconf.py, ssh_lookup.py: every
+keyword, Host and Match, Include, canonicalization, the second pass, tokens); where an OpenSSH client is
+installed, transport/openssh.py asks `ssh -G` instead and completes its answer the same way. The jump
+hosts are followed as ssh follows them: for `ProxyJump A,B` ssh connects to B through `ssh -J A B`, so B's
+own ProxyJump and ProxyCommand do not apply and A's do (its own jumps come first). docs/ssh-config.md
+lists where clusterrun deliberately does otherwise.
 
-Pure given its files: reads them, never connects, runs nothing.
+Pure given its files: reads them, never connects; `Match exec` and name lookups only through the
+functions it is given.
 """
 
 from __future__ import annotations
 
 import getpass
-import glob
 import os
-import re
-import shlex
+import pwd
 import socket
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from .inventory import Host, Inventory
+from .ssh_lookup import ConfigFile, command_line, from_ssh_g, lookup, to_expand
+from .ssh_readconf import MAX_INCLUDE_DEPTH, Context, NextHop, Resolved
+from .ssh_syntax import Resolver, match_pattern_list
+
+__all__ = ["MAX_INCLUDE_DEPTH", "NextHop", "Resolved", "SshTarget", "config_files", "from_openssh", "match_list",
+           "read_config", "ssh_target", "to_expand", "with_config_addresses"]
 
 USER_CONFIG = "~/.ssh/config"
 SYSTEM_CONFIG = "/etc/ssh/ssh_config"
 CONFIG_ENV = "CLUSTERRUN_SSH_CONFIG"  # one file instead of both, as `ssh -F FILE` reads it
-# What clusterrun takes from an SSH config (everything else is OpenSSH's business).
-KEYS = ("hostname", "user", "port", "identityfile", "identitiesonly", "proxyjump", "proxycommand",
-        "userknownhostsfile")
-MULTI = ("identityfile",)
-MAX_INCLUDE_DEPTH = 16
+MAX_HOPS = 16
 
-
-@dataclass(frozen=True)
-class Resolved:
-    """The options that apply to one alias: keyword → values, and keyword → where its value came from."""
-
-    values: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
-    sources: Mapping[str, str] = field(default_factory=dict)
-    needs_openssh: str = ""  # why only `ssh -G` can say ("" when this reading is complete)
-
-    def get(self, key: str) -> Optional[str]:
-        found = self.values.get(key)
-        return found[0] if found else None
-
-
-Options = Callable[..., Resolved]  # options(alias, user=None, port=None) -> Resolved
+Options = Callable[..., Resolved]  # options(alias, user=None, port=None, jump=None) -> Resolved
 
 
 @dataclass(frozen=True)
@@ -61,192 +48,46 @@ class SshTarget:
     identity_files: Tuple[str, ...]
     known_hosts: str
     host_key_policy: str  # strict | accept-new
-    jumps: Tuple["SshTarget", ...] = ()  # ProxyJump hops, first hop first
-    proxy_command: Optional[str] = None
+    jumps: Tuple["SshTarget", ...] = ()  # the jump hosts, first hop first (only the first may have a proxy_command)
+    proxy_command: Optional[str] = None  # tokens expanded; run as `sh -c "exec COMMAND"`
     identities_only: bool = False  # IdentitiesOnly: no keys from ssh-agent beyond the identity files
-    identity_explicit: bool = False  # an IdentityFile was named (inventory or config): it must load
+    identity_explicit: bool = False  # an IdentityFile was named (inventory or config): no default keys
     sources: Mapping[str, str] = field(default_factory=dict)  # value -> where it came from
 
     def to_json(self) -> dict:
         return {"hostname": self.hostname, "port": self.port, "user": self.user,
                 "identity_files": list(self.identity_files), "known_hosts": self.known_hosts,
                 "proxy_jump": [f"{j.user}@{j.hostname}:{j.port}" for j in self.jumps],
-                "proxy_command": self.proxy_command, "sources": dict(self.sources)}
+                "proxy_command": self.proxy_command or (self.jumps[0].proxy_command if self.jumps else None),
+                "sources": dict(self.sources)}
 
     def provenance(self) -> str:
         """One line for --dry-run and check: each value and where it came from."""
+        first_proxy = self.jumps[0].proxy_command if self.jumps else None
         shown = (("hostname", self.hostname), ("user", self.user), ("port", str(self.port)),
-                 ("identity", ", ".join(self.identity_files) or "default keys, ssh-agent"),
+                 ("identity", ", ".join(self.identity_files) or
+                  ("ssh-agent only" if self.identity_explicit else "default keys, ssh-agent")),
                  ("proxyjump", " -> ".join(f"{j.user}@{j.hostname}:{j.port}" for j in self.jumps)),
-                 ("proxycommand", self.proxy_command or ""), ("known_hosts", self.known_hosts))
-        return "; ".join(f"{key} {value} ({self.sources.get(key, 'default')})" for key, value in shown if value)
-
-
-# ------------------------------------------------------------------ reading the files
-
-
-@dataclass(frozen=True)
-class _Line:
-    keyword: str  # lower case
-    args: Tuple[str, ...]
-    where: str  # file:line
-
-
-def _split(text: str, where: str) -> Optional[_Line]:
-    line = text.strip()
-    if not line or line.startswith("#"):
-        return None
-    m = re.match(r"^(\S+?)(?:\s*=\s*|\s+)(.*)$", line)
-    if not m:
-        return _Line(line.lower(), (), where)
-    try:
-        args = tuple(shlex.split(m.group(2), comments=True))
-    except ValueError:  # an unbalanced quote: take the words as they are
-        args = tuple(m.group(2).split())
-    return _Line(m.group(1).lower(), args, where)
-
-
-def _pattern_match(value: str, pattern: str) -> bool:
-    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(regex, value, re.IGNORECASE) is not None
+                 ("proxycommand", self.proxy_command or (f"{first_proxy} (to reach the first jump)"
+                                                         if first_proxy else "")),
+                 ("known_hosts", self.known_hosts))
+        sources = dict(self.sources)
+        if first_proxy:
+            sources["proxycommand"] = self.jumps[0].sources.get("proxycommand", "default")
+        return "; ".join(f"{key} {value} ({sources.get(key, 'default')})" for key, value in shown if value)
 
 
 def match_list(value: str, patterns: Sequence[str]) -> bool:
-    """OpenSSH's pattern lists: some pattern matches and no negated (!) one does."""
-    positive = False
-    for item in (p for arg in patterns for p in arg.split(",") if p):
-        if item.startswith("!"):
-            if _pattern_match(value, item[1:]):
-                return False
-        elif _pattern_match(value, item):
-            positive = True
-    return positive
+    """OpenSSH's pattern lists (Match's): some pattern matches, case-insensitively, and no negated (!) one."""
+    return any(match_pattern_list(value.lower(), p, True) == 1 for p in patterns) and \
+        not any(match_pattern_list(value.lower(), p, True) == -1 for p in patterns)
 
 
-class _Reader:
-    """One lookup: walks the files in OpenSSH's order, keeping the first value of each keyword."""
-
-    def __init__(self, alias: str, user: Optional[str], port: Optional[int], local_user: str, home: str,
-                 read: Callable[[str], str]):
-        self.alias = alias.lower()
-        self.local_user = local_user
-        self.home = home
-        self.read = read
-        self.values: Dict[str, List[str]] = {}
-        self.sources: Dict[str, str] = {}
-        self.needs_openssh = ""
-        self.reading: List[str] = []  # the files being read, outermost first (Include nests them)
-        if user:
-            self.values["user"], self.sources["user"] = [user], "inventory"
-        if port:
-            self.values["port"], self.sources["port"] = [str(port)], "inventory"
-
-    def file(self, path: str, active: bool, never: bool, depth: int, system: bool) -> None:
-        try:
-            text = self.read(path)
-        except OSError:
-            return
-        self.reading.append(os.path.realpath(path))
-        try:
-            self._lines(path, text, active, never, depth, system)
-        finally:
-            self.reading.pop()
-
-    def _lines(self, path: str, text: str, active: bool, never: bool, depth: int, system: bool) -> None:
-        for number, raw in enumerate(text.splitlines(), 1):
-            line = _split(raw, f"{path}:{number}")
-            if line is None:
-                continue
-            if line.keyword == "host":
-                active = not never and match_list(self.alias, line.args)
-            elif line.keyword == "match":
-                active = not never and self.match(line)
-            elif line.keyword == "include":
-                self.include(line, active, never or not active, depth, system)
-            elif active:
-                self.take(line)
-
-    def include(self, line: _Line, active: bool, never: bool, depth: int, system: bool) -> None:
-        """As OpenSSH: files nest at most MAX_INCLUDE_DEPTH deep, deeper is an error that stops everything
-        ("Too many recursive configuration includes"); a file that includes one already being read is
-        that error at once (no file is read twice in one chain, so a loop costs nothing)."""
-        for arg in line.args:
-            path = os.path.expanduser(arg)
-            if not os.path.isabs(path):
-                path = os.path.join("/etc/ssh" if system else os.path.join(self.home, ".ssh"), path)
-            for found in sorted(glob.glob(path)):
-                if os.path.realpath(found) in self.reading:
-                    raise UsageError(f"{line.where}: Include {arg}: {found} includes itself (through "
-                                     f"{' > '.join(self.reading)}): too many recursive configuration includes, "
-                                     "as ssh says; remove the loop")
-                if depth + 1 > MAX_INCLUDE_DEPTH:
-                    raise UsageError(f"{line.where}: Include {arg}: too many recursive configuration includes "
-                                     f"(more than {MAX_INCLUDE_DEPTH} files deep, where ssh stops too)")
-                self.file(found, active, never, depth + 1, system)
-
-    def match(self, line: _Line) -> bool:
-        """Match criteria, ANDed; the ones only OpenSSH can evaluate mark the lookup as needing ssh -G."""
-        args = list(line.args)
-        result = True
-        while args:
-            word = args.pop(0).lower()
-            negate = word.startswith("!")
-            word = word.lstrip("!")
-            if word == "all":
-                ok = True
-            elif word in ("host", "originalhost", "user", "localuser") and args:
-                value = {"host": (self.values.get("hostname") or [self.alias])[0],
-                         "originalhost": self.alias, "user": (self.values.get("user") or [self.local_user])[0],
-                         "localuser": self.local_user}[word]
-                ok = match_list(_expand(value, self._tokens()) if word == "host" else value, [args.pop(0)])
-            else:  # exec, canonical, final, localnetwork, tagged: OpenSSH's own business
-                self.needs_openssh = self.needs_openssh or f"Match {word} at {line.where}"
-                if word in ("exec", "localnetwork", "tagged") and args:
-                    args.pop(0)
-                ok = False
-            result = result and (ok != negate)
-        return result
-
-    def take(self, line: _Line) -> None:
-        key = line.keyword
-        if key not in KEYS or not line.args:
-            return
-        if key in ("proxyjump", "proxycommand") and ({"proxyjump", "proxycommand"} & set(self.values)):
-            return  # the two exclude each other: the first given wins
-        if key in MULTI:
-            if line.args[0].lower() != "none":
-                self.values.setdefault(key, []).append(line.args[0])
-                self.sources.setdefault(key, line.where)
-            return
-        if key not in self.values:
-            self.values[key] = [" ".join(line.args)] if key == "proxycommand" else list(line.args)
-            self.sources[key] = line.where
-
-    def _tokens(self) -> Dict[str, str]:
-        hostname = (self.values.get("hostname") or [self.alias])[0].replace("%h", self.alias)
-        return {"h": hostname, "n": self.alias, "p": (self.values.get("port") or ["22"])[0],
-                "r": (self.values.get("user") or [self.local_user])[0], "u": self.local_user, "d": self.home,
-                "l": socket.gethostname().split(".")[0], "L": socket.gethostname(), "i": str(os.getuid())}
-
-    def resolved(self) -> Resolved:
-        tokens = self._tokens()
-        values = {}
-        for key, vals in self.values.items():
-            if key in ("hostname", "identityfile", "proxycommand", "user", "userknownhostsfile"):
-                vals = [_expand(v, tokens) for v in vals]
-            if key in ("identityfile", "userknownhostsfile"):
-                vals = [os.path.expanduser(v) if not v.startswith("~/") else os.path.join(self.home, v[2:])
-                        for v in vals]
-            values[key] = tuple(vals)
-        return Resolved(values, dict(self.sources), self.needs_openssh)
-
-
-def _expand(text: str, tokens: Mapping[str, str]) -> str:
-    return re.sub(r"%(.)", lambda m: "%" if m.group(1) == "%" else tokens.get(m.group(1), m.group(0)), text)
+# ------------------------------------------------------------------ reading
 
 
 def _read_text(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with open(path, encoding="utf-8", errors="surrogateescape") as fh:
         return fh.read()
 
 
@@ -258,73 +99,86 @@ def config_files(environ: Mapping[str, str] = os.environ) -> Tuple[Tuple[str, bo
     return ((USER_CONFIG, False), (SYSTEM_CONFIG, True))
 
 
-def read_config(alias: str, *, user: Optional[str] = None, port: Optional[int] = None,
-                files: Optional[Sequence[Tuple[str, bool]]] = None, read: Callable[[str], str] = _read_text,
-                local_user: Optional[str] = None, home: Optional[str] = None) -> Resolved:
-    """The options for alias from the SSH config files (user's first, then the system's), as OpenSSH
-    evaluates them; the inventory's user and port (when given) take part in Match, as `ssh -l -p` would."""
-    files = config_files() if files is None else files
-    home = home or os.path.expanduser("~")
-    reader = _Reader(alias, user, port, local_user or getpass.getuser(), home, read)
-    for path, system in files:
-        reader.file(os.path.expanduser(path) if not path.startswith("~/") else os.path.join(home, path[2:]),
-                    True, False, 0, system)
-    return reader.resolved()
+def local_user() -> str:
+    """Who ssh is: the account's name (not $USER)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return getpass.getuser()
 
+
+def context(alias: str, *, local: Optional[str] = None, home: Optional[str] = None,
+            read: Callable[[str], str] = _read_text, run_exec: Optional[Callable[[str], int]] = None,
+            resolve: Optional[Resolver] = None, environ: Optional[Mapping[str, str]] = None) -> Context:
+    return Context(alias=alias, local_user=local or local_user(), home=home or os.path.expanduser("~"),
+                   environ=os.environ if environ is None else environ, read=read, run_exec=run_exec,
+                   resolve=resolve, thishost=socket.gethostname(), uid=os.getuid())
+
+
+def read_config(alias: str, *, user: Optional[str] = None, port: Optional[int] = None, jump: Optional[str] = None,
+                files: Optional[Sequence[Tuple[str, bool]]] = None, read: Callable[[str], str] = _read_text,
+                local_user: Optional[str] = None, home: Optional[str] = None,
+                run_exec: Optional[Callable[[str], int]] = None, resolve: Optional[Resolver] = None) -> Resolved:
+    """The options for alias from the SSH config files (user's first, then the system's), as OpenSSH
+    evaluates them; the inventory's user, port and proxy_jump take part as `ssh -l -p -J` would. Without
+    run_exec (Match exec) or resolve (canonicalization), what needs them is named in `needs_openssh`."""
+    ctx = context(alias, local=local_user, home=home, read=read, run_exec=run_exec, resolve=resolve)
+    chosen = config_files() if files is None else files
+    forced = files is None and bool(os.environ.get(CONFIG_ENV))
+    paths: Sequence[ConfigFile] = [(ctx.home + p[1:] if p.startswith("~/") else p, not system, forced)
+                                   for p, system in chosen]
+    return lookup(ctx, command_line(alias, user, port, jump), paths)
 
 
 def from_openssh(output: str, alias: str, ours: Resolved, *, local_user: Optional[str] = None,
-                 home: Optional[str] = None) -> Resolved:
-    """The options `ssh -G ALIAS` printed (lower-case keywords, tokens unexpanded), for KEYS; where a value
-    is what this module's own reading found, its source is kept, else the source is "ssh -G"."""
-    found: Dict[str, List[str]] = {}
-    for raw in output.splitlines():
-        key, _, rest = raw.strip().partition(" ")
-        key = key.lower()
-        if key in KEYS and rest:
-            found.setdefault(key, []).append(rest)
-    if "identityfile" not in ours.values:
-        found.pop("identityfile", None)  # ssh -G lists OpenSSH's default keys: clusterrun has its own
-    for key in ("userknownhostsfile",):
-        if key in found:
-            found[key] = found[key][0].split()[:1]
-    home = home or os.path.expanduser("~")
-    reader = _Reader(alias, None, None, local_user or getpass.getuser(), home, _read_text)
-    reader.values = found
-    expanded = reader.resolved().values
-    sources = {key: ours.sources[key] if ours.values.get(key) == value and key in ours.sources else "ssh -G"
-               for key, value in expanded.items() if key in ours.sources or key not in ("user", "port")}
-    return Resolved(expanded, sources, "")
+                 home: Optional[str] = None, expanded: Optional[Mapping[str, str]] = None) -> Resolved:
+    """The options `ssh -G ALIAS` printed, completed as ssh completes them when it connects (expanded: the
+    IdentityFile values ssh itself expanded); where a value is what clusterrun's own reading found, its
+    source is kept, else the source is "ssh -G"."""
+    ssh_home = home or pwd.getpwuid(os.getuid()).pw_dir  # ssh's ~ is the account's home
+    ctx = replace(context(alias, local=local_user, home=ssh_home), expanded=dict(expanded or {}))
+    return from_ssh_g(ctx, output, ours)
 
 
 # ------------------------------------------------------------------ targets
 
 
-def _word(resolved: Resolved, key: str) -> Optional[str]:
-    value = resolved.get(key)
-    return None if value is None or value.lower() == "none" else value
-
-
 def ssh_target(host: Host, options: Options) -> SshTarget:
     """The target for an inventory host; inventory values win over the SSH config's."""
-    found = options(host.host, user=host.user, port=host.port)
-    jump = host.proxy_jump or _word(found, "proxyjump")
+    return _target(host, options, host.host, host.user, host.port, host.proxy_jump, host.name, ())
+
+
+def _target(host: Host, options: Options, alias: str, user: Optional[str], port: Optional[int],
+            jump: Optional[str], label: str, stack: Tuple[Tuple, ...]) -> SshTarget:
+    found = options(alias, user=user, port=port, jump=jump)
+    hops: Tuple[SshTarget, ...] = ()
+    if found.jump is not None:
+        nxt = found.jump
+        step = stack + ((alias, user, port, jump, found.sources.get("proxyjump", "?")),)
+        if (nxt.host, nxt.user, nxt.port, nxt.extra) in [s[:4] for s in step] or len(step) >= MAX_HOPS:
+            chain = " -> ".join(f"{s[0]} (ProxyJump at {s[4]})" for s in step) + f" -> {nxt.host}"
+            raise UsageError(f"{host.name}: the jump hosts lead back to themselves: {chain}; ssh would start ssh "
+                             "without end; break the loop in the SSH config")
+        first = _target(host, options, nxt.host, nxt.user, nxt.port, nxt.extra,
+                        f"{host.name} (via jump {nxt.host})", step)
+        hops = first.jumps + (replace(first, jumps=()),)
+    inventory_key = bool(host.identity_file)
     return SshTarget(
-        label=host.name, alias=host.host, hostname=found.get("hostname") or host.host,
-        port=host.port or int(found.get("port") or 22), user=host.user or found.get("user") or getpass.getuser(),
-        identity_files=_identity_files(host, found), known_hosts=os.path.expanduser(_known_hosts(host, found)),
-        host_key_policy=host.host_key_policy,
-        jumps=() if jump is None else tuple(_jump(spec, host, options) for spec in jump.split(",")),
-        proxy_command=None if host.proxy_jump else _word(found, "proxycommand"),
-        identities_only=_identities_only(found), identity_explicit=_identity_explicit(host, found),
+        label=label, alias=alias, hostname=found.get("hostname") or alias,
+        port=int(found.get("port") or 22), user=found.get("user") or local_user(),
+        identity_files=(os.path.expanduser(host.identity_file),) if inventory_key else (found.identities or ()),
+        known_hosts=os.path.expanduser(host.known_hosts or (found.values.get("userknownhostsfile") or
+                                                            ("~/.ssh/known_hosts",))[0]),
+        host_key_policy=host.host_key_policy, jumps=hops,
+        proxy_command=None if hops else found.get("proxycommand"),
+        identities_only=found.get("identitiesonly") == "yes",
+        identity_explicit=inventory_key or found.identities is not None,
         sources=_sources(host, found))
 
 
-def _sources(host: Host, found: Resolved) -> Dict[str, str]:
+def _sources(host: Host, found: Resolved) -> dict:
     """Where each of the target's values came from: the inventory, or the SSH config's file:line."""
-    sources = {k: f"ssh config {v}" if ":" in v and v != "inventory" else v for k, v in found.sources.items()}
-    if host.proxy_jump:
-        sources["proxyjump"] = "inventory"
+    sources = {k: v if v in ("inventory", "ssh -G") else f"ssh config {v}" for k, v in found.sources.items()}
     if host.identity_file:
         sources["identity"] = "inventory"
     elif "identityfile" in sources:
@@ -336,48 +190,10 @@ def _sources(host: Host, found: Resolved) -> Dict[str, str]:
     return sources
 
 
-def _identity_files(host: Host, found: Resolved) -> Tuple[str, ...]:
-    """The inventory's key alone where it names one, else every IdentityFile of the SSH config."""
-    if host.identity_file:
-        return (os.path.expanduser(host.identity_file),)
-    return tuple(found.values.get("identityfile", ()))
-
-
-def _known_hosts(host: Host, found: Resolved) -> str:
-    return host.known_hosts or (found.values.get("userknownhostsfile") or ("~/.ssh/known_hosts",))[0]
-
-
-def _identities_only(found: Resolved) -> bool:
-    return (found.get("identitiesonly") or "no").lower() == "yes"
-
-
-def _identity_explicit(host: Host, found: Resolved) -> bool:
-    """A key was named (inventory or SSH config), rather than left to the defaults."""
-    return bool(host.identity_file or found.sources.get("identityfile"))
-
-
-def _jump(spec: str, host: Host, options: Options) -> SshTarget:
-    """One ProxyJump hop ([user@]host[:port]): its own SSH config entry, the inventory's key and policy."""
-    user, _, rest = spec.rpartition("@")
-    if rest.startswith("["):
-        name, _, port = rest[1:].partition("]")
-        port = port.lstrip(":")
-    else:
-        name, _, port = rest.partition(":")
-    found = options(name, user=user or None, port=int(port) if port else None)
-    return SshTarget(
-        label=f"{host.name} (via jump {name})", alias=name, hostname=found.get("hostname") or name,
-        port=int(port) if port else int(found.get("port") or 22),
-        user=user or found.get("user") or getpass.getuser(), identity_files=_identity_files(host, found),
-        known_hosts=os.path.expanduser(_known_hosts(host, found)),
-        host_key_policy=host.host_key_policy, identities_only=_identities_only(found),
-        identity_explicit=_identity_explicit(host, found),
-        sources={"identity": "inventory"} if host.identity_file else {})
-
-
 def with_config_addresses(inv: Inventory, options: Options) -> Inventory:
     """Fill each SSH host's missing `addr` from the SSH config's HostName, so an alias never becomes
-    MASTER_ADDR (the other hosts could not resolve it)."""
-    hosts = tuple(replace(h, addr=options(h.host, user=h.user, port=h.port).get("hostname") or h.host)
-                  if h.connection == "ssh" and not h.addr else h for h in inv.hosts)
+    MASTER_ADDR (the other hosts could not resolve it). Such a host's whole target (its jumps too) is worked
+    out here, so a config ssh would refuse stops the command before anything connects."""
+    hosts = tuple(replace(h, addr=ssh_target(h, options).hostname) if h.connection == "ssh" and not h.addr else h
+                  for h in inv.hosts)
     return replace(inv, hosts=hosts)

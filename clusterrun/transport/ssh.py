@@ -260,8 +260,8 @@ def _identity_keys(target: SshTarget, label: str) -> Tuple[List[Tuple[str, param
     """The identity files' keys (by path; OpenSSH's default keys when none is configured), and the files
     passed over (encrypted ones: the agent may hold them)."""
     tried: List[str] = []
-    paths = target.identity_files or tuple(p for p in (os.path.expanduser(d) for d in _DEFAULT_KEYS)
-                                            if os.path.exists(p))
+    paths = target.identity_files if target.identity_explicit else \
+        tuple(p for p in (os.path.expanduser(d) for d in _DEFAULT_KEYS) if os.path.exists(p))  # IdentityFile none: none
     keys: List[Tuple[str, paramiko.PKey]] = []
     for path in paths:
         if not os.path.exists(path) and target.sources.get("identity") != "inventory":
@@ -303,8 +303,9 @@ class Connector:
     def connect(self, target: SshTarget) -> SshTransport:
         hops: List[paramiko.Transport] = []
         try:
-            for hop in target.jumps:
-                hops.append(self._reach(hop, target.label, hop.label, via=hops[-1] if hops else None))
+            for hop in target.jumps:  # the first hop may have a ProxyCommand of its own (ssh_config.ssh_target)
+                hops.append(self._through_proxy(hop) if hop.proxy_command and not hops else
+                            self._reach(hop, target.label, hop.label, via=hops[-1] if hops else None))
             if not target.jumps and target.proxy_command:
                 return SshTransport(target.label, self._through_proxy(target), self.timeouts, hops)
             t = self._reach(target, target.label, target.label, via=hops[-1] if hops else None)
