@@ -187,6 +187,51 @@ Host broken
     assert "Traceback" not in done.stderr  # paramiko's threads no longer print their own copy
 
 
+def test_the_first_jump_hosts_own_proxyjump_and_proxycommand_are_followed(cr, cluster, tmp_path,
+                                                                          no_direct_route_to):
+    """Issue 38: `inner` says ProxyJump mid and `mid` says ProxyJump gate: ssh goes gate -> mid -> inner,
+    clusterrun tried mid directly. And a first jump host that its own block reaches through a ProxyCommand."""
+    import sys
+
+    n = {name: cluster.host(name).address for name in ("node0", "node1", "node2", "node3")}
+    bridge = tmp_path / "bridge.py"
+    bridge.write_text(BRIDGE)
+    key = cluster.key_path
+    config = tmp_path / "ssh_config"
+    config.write_text(f"""\
+Host gate
+    HostName {n['node0']}
+Host mid
+    HostName {n['node1']}
+    ProxyJump gate
+Host inner
+    HostName {n['node2']}
+    ProxyJump mid
+Host viaproxy
+    HostName {n['node0']}
+    ProxyCommand {sys.executable} {bridge} %h %p
+Host inner3
+    HostName {n['node3']}
+    ProxyJump viaproxy
+Host *
+    User cr
+    IdentityFile {key}
+""")
+    cr.env["CLUSTERRUN_SSH_CONFIG"] = str(config)
+    for name in ("node1", "node2", "node3"):
+        no_direct_route_to(n[name])
+    inv = cr.inventory(edit_hosts=lambda hosts: hosts.__setitem__(slice(None), [
+        {"name": "inner", "host": "inner", "addr": n["node2"]}, {"name": "inner3", "host": "inner3",
+                                                                   "addr": n["node3"]}]))
+    dry = cr.run("launch", "--dry-run", inv)
+    assert dry.returncode == 0, dry.stderr
+    assert f"proxyjump cr@{n['node0']}:22 -> cr@{n['node1']}:22 (ssh config {config}:8)" in dry.stdout, dry.stdout
+    assert f"{bridge} {n['node0']} 22 (to reach the first jump) (ssh config {config}:11)" in dry.stdout
+    done = cr.run("exec", inv, "--json", "--", "hostname")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(o["stdout"].strip() for o in json.loads(done.stdout)) == ["node2", "node3"]
+
+
 def sshd_reload(cluster, host):
     """SIGHUP the host's sshd (tini's only child) so it rereads its config; new connections get it."""
     rc, out, err = cluster.exec(host, ["sh", "-c", "kill -HUP $(cat /proc/1/task/1/children)"], user="root")
