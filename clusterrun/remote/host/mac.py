@@ -1,7 +1,7 @@
-"""Message authentication for the host programs' own TCP protocols (the supervisors' mesh, peers.py; the
-relay push, push/relay.py; the bandwidth test, net/bandwidth.py): keyed BLAKE2b (RFC 7693's MAC mode,
-32-byte tags) over each protocol's fields with the token the controller handed both ends over SSH, and
-tags compared in constant time.
+"""Message authentication for the host programs' own TCP protocols (the handshake every one of them uses,
+channel/handshake.py: the supervisors' mesh, the detached waiters, the relay push, the bandwidth test):
+keyed BLAKE2b (RFC 7693's MAC mode, 32-byte tags) with the token the controller handed both ends over
+SSH, and tags compared in constant time.
 
 Why not hmac + hashlib: importing them loads OpenSSL's libcrypto, 3 ms of CPU in every supervisor of every
 run on every host just to authenticate a handful of lines; BLAKE2b is built into CPython (_blake2) and is
