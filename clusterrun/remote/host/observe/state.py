@@ -4,11 +4,11 @@ import os
 import signal
 import time
 
-from .files import read_json, write_json_atomic
-from .paths import exit_path
-from .wire import Fail
-from .procs import process_marker, rank_live, run_members, same_process
-from .secrets import scrub_run
+from ..files import read_json, write_json_atomic
+from ..paths import exit_path
+from ..wire import Fail
+from ..procs import process_marker, rank_live, run_members, same_process
+from ..secrets import scrub_run
 
 
 
@@ -98,7 +98,7 @@ def finish_orphan(run_dir, spec):
     except OSError:  # a full disk: the next call tries again
         pass
     if spec.get("claim"):  # its claim is stale already (its owner is gone); this removes the file too
-        from .share.claims import release
+        from ..share.claims import release
 
         sup = (read_json(os.path.join(run_dir, "state.json")) or {}).get("supervisor") or {}
         release(spec["claim"], owner=sup.get("pid"))
