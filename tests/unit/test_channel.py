@@ -179,3 +179,24 @@ def test_waiting_places_are_capped_and_a_silent_connection_expires():
         for s in held:
             s.close()
         server.close()
+
+
+def test_an_empty_or_short_token_is_refused_before_anything_is_proven():
+    """Issue 32, finding 9: with an empty token every MAC is one anybody can make."""
+    from clusterrun.remote.host import mac
+    from clusterrun.remote.host.push import relay
+    from clusterrun.remote.host.share import waiter
+    from clusterrun.remote.host.wire import Fail
+
+    for short in ("", "x", "s" * (mac.MIN_TOKEN - 1), b""):
+        with pytest.raises(mac.ShortToken):
+            mac.tag(short, b"data")
+        with pytest.raises(mac.ShortToken):
+            Terms("mesh", short, "r")
+    assert len(mac.tag("s" * mac.MIN_TOKEN, b"data")) == mac.TAG
+    server, port = listener()
+    with pytest.raises(relay.RelayError, match="at least 16"):
+        relay.accept_upstream(server, "short", "r", 1, wait=0.1)
+    server.close()
+    with pytest.raises(Fail, match="at least 16"):
+        waiter.begin("/nonexistent", {}, {"token": ""}, None, None)  # refused before the fork

@@ -18,11 +18,24 @@ except ImportError:  # pragma: no cover
     from hmac import compare_digest as _same
 
 TAG = 32  # bytes (64 hex digits)
+MIN_TOKEN = 16  # bytes: the controller's tokens are 16 random bytes in hex (32) or more; an empty or short
+# one (a spec written by hand, a bug) would make every MAC guessable: refused, never used
+
+
+class ShortToken(ValueError):
+    """A token too short to authenticate anything."""
 
 
 def _key(token):
     key = token.encode() if isinstance(token, str) else bytes(token)
+    if len(key) < MIN_TOKEN:
+        raise ShortToken("a token of %d bytes: at least %d are needed to authenticate" % (len(key), MIN_TOKEN))
     return key if len(key) <= 64 else blake2b(key).digest()  # BLAKE2b takes keys of up to 64 bytes
+
+
+def check_token(token):
+    """ShortToken unless token is long enough to be a key (the protocols check it before they listen)."""
+    _key(token)
 
 
 def tag(token, data):

@@ -2,7 +2,7 @@
 
 import os
 
-from ..mac import hex_tag, same
+from ..mac import check_token, hex_tag, same, tag
 from .lines import ProtocolError, pack, read_line
 
 NONCE_HEX = 32
@@ -31,6 +31,7 @@ class Terms:
     (context: the attempt key, the run, the pair), and how an error names the token."""
 
     def __init__(self, protocol, token, context, secret="the run's token"):
+        check_token(token)  # mac.ShortToken for an empty or short one: nothing is ever proven with it
         self.protocol, self.token, self.context, self.secret = protocol, token, str(context), secret
 
     def hello_proof(self, node, nonce_l, nonce_j, done):
@@ -40,6 +41,12 @@ class Terms:
     def welcome_proof(self, node, nonce_j, nonce_l):
         return hex_tag(self.token, "%s|welcome|%s|%d|%s|%s" % (self.protocol, self.context, node, nonce_j,
                                                                 nonce_l))
+
+    def session_key(self, node, nonce_l, nonce_j):
+        """The key of one connection's messages after the handshake (lines.Line.seal): the token's, bound to
+        both fresh nonces, so no message of another connection, run or protocol passes on this one."""
+        return tag(self.token, ("%s|session|%s|%d|%s|%s" % (self.protocol, self.context, node, nonce_l,
+                                                             nonce_j)).encode())
 
 
 class Listening:
@@ -65,6 +72,9 @@ class Listening:
     def welcome(self, node, hello):
         return {"welcome": node, "mac": self.terms.welcome_proof(node, hello["nonce"], self.nonce)}
 
+    def session_key(self, node, hello):
+        return self.terms.session_key(node, self.nonce, hello["nonce"])
+
 
 class Joining:
     """The joining end of one handshake: the hello answering a challenge, the welcome checked."""
@@ -85,6 +95,9 @@ class Joining:
         expected = self.terms.welcome_proof(self.node, self.nonce, self.challenge)
         if msg.get("welcome") != self.node or not same_proof(msg.get("mac"), expected):
             raise ProtocolError("the other end did not prove %s" % self.terms.secret)
+
+    def session_key(self):
+        return self.terms.session_key(self.node, self.challenge, self.nonce)
 
 
 class JoinError(ProtocolError):

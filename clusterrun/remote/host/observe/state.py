@@ -12,6 +12,27 @@ from ..secrets import scrub_run
 
 
 
+FOLLOWED = "followed"  # touched once a second by every `follow` of the run (follow.py): a controller watches
+
+
+def mark_followed(run_dir):
+    try:
+        os.utime(os.path.join(run_dir, FOLLOWED))
+    except FileNotFoundError:
+        os.close(os.open(os.path.join(run_dir, FOLLOWED), os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError:  # a run folder going away: nobody is watching it any more
+        pass
+
+
+def followed_within(run_dir, seconds):
+    """Whether a controller followed the run (its `follow`, the launch's or `logs -f`'s, was here) within
+    the last seconds."""
+    try:
+        return time.time() - os.stat(os.path.join(run_dir, FOLLOWED)).st_mtime <= seconds
+    except OSError:
+        return False
+
+
 def load_state(run_dir, must_exist=True):
     """(spec, state); (None, None) for a run that was pushed (or not even that) but never started."""
     state = read_json(os.path.join(run_dir, "state.json"))

@@ -26,6 +26,7 @@ import time
 
 from ..channel.gate import Gatekeeper
 from ..channel.handshake import JoinError, Terms, join
+from ..mac import ShortToken
 from ..net import resolve_all, source_for
 
 PROTOCOL = "relay"
@@ -38,14 +39,17 @@ class RelayError(Exception):
 
 
 def terms(token, run):
-    return Terms(PROTOCOL, token, run, secret="the push's token")
+    try:
+        return Terms(PROTOCOL, token, run, secret="the push's token")
+    except ShortToken as exc:
+        raise RelayError(str(exc)) from None
 
 
 def accept_upstream(server, token, run, node, wait, upstream=""):
     """The upstream host's connection, once it proved the token; RelayError when none does in time.
     upstream: its address (only connections from it are let in; any when it is not given)."""
     gate = Gatekeeper(server, terms(token, run), [node], resolve_all([upstream]) if upstream else (),
-                      max_pending=MAX_PENDING, timeout=HANDSHAKE_S)
+                      max_pending=MAX_PENDING, timeout=HANDSHAKE_S, sealed=False)
     admitted = gate.admit_one(wait)
     if admitted is None:
         why = "; ".join(gate.refusals)

@@ -26,13 +26,21 @@ Protocol (version 3), one JSON object per line of at most MAX_LINE bytes (channe
                                                                                (the run is hung: hang.py)
                        {"stop": {"reason": TEXT}}                              stop every rank now
 Any line that is not one of these (bad JSON, too long or deep, a wrong type, a wrong proof) drops that
-connection and nothing else: a parse or protocol error never reaches the supervisor.
+connection and nothing else: a parse or protocol error never reaches the supervisor; a line after the
+handshake whose MAC fails is dropped alone (below).
+
+After the handshake every line carries a MAC over its direction, a counter and the line itself, under a
+key of that connection's (channel/lines.py: Line.seal): a line that fails (injected into the TCP stream,
+replayed, reordered) is dropped and logged, the connection goes on.
 
 A joined peer that says nothing for host_lost seconds is lost: a failure, every host is stopped. A
 peer that hears nothing from the coordinator for host_lost seconds (rank 0's host frozen, cut off or
-gone) stops its own ranks. A peer that cannot reach the coordinator at all keeps running (a firewall may
-allow the ranks' ports only): it says so in supervisor.log, and the run has the controller's guarantees
-only.
+gone) stops its own ranks. A node that never joined by join_timeout (its supervisor cannot reach the
+coordinator: a firewall that allows the ranks' ports only; or someone kept it out) is never a silent
+downgrade: both ends say so in supervisor.log and in the run's state.json ("mesh"), and once no
+controller follows the run (no `follow` of it has been here for host_lost seconds: observe/state.py)
+the coordinator counts the node as a lost host and the peer stops its ranks (supervisor.py,
+watch_mesh).
 
 It runs inside the supervisor's loop (no threads): `tick()` each 50 ms does non-blocking socket work,
 connecting included.
@@ -189,6 +197,18 @@ class Coordinator:
                 raise ProtocolError("a beat whose quiet is not a number of seconds")
             self.quiet[node] = (float(msg["quiet"]), time.time())
 
+    def never_joined(self, now):
+        """The peers expected that never joined, once join_timeout has passed (the supervisor records them,
+        and counts them as lost hosts when no controller follows the run)."""
+        return [] if now < self.join_by else sorted(n for n in self.expect if n not in self.peers)
+
+    def count_lost(self, nodes, why):
+        """Nodes the supervisor counts as lost hosts without their ever having joined: a failure."""
+        fresh = [n for n in nodes if n not in self.lost]
+        self.lost.update(fresh)
+        if fresh:
+            self.failure = self.failure or "node %s lost (%s)" % (", ".join(str(n) for n in fresh), why)
+
     def waiting(self, now):
         """Whether peers may still run (the coordinator must stay up for them)."""
         open_peers = [n for n in self.expect if n not in self.done and n not in self.lost]
@@ -218,6 +238,7 @@ class Peer:
         self.line = None
         self.connecting = None  # (socket or None, since): a connect in progress (non-blocking)
         self.handshake = None  # this connection's (channel.handshake.Joining), once the hello went out
+        self.line_since = 0.0  # when this connection was made (it has HELLO_TIMEOUT to get its welcome)
         self.authenticated = False  # this connection's coordinator proved the token
         self.joined = False  # some connection did: from then on its silence counts
         self.gave_up = False
@@ -237,6 +258,9 @@ class Peer:
             return
         if self.line is None or self.line.closed:
             self._connect(now)
+            return
+        if not self.authenticated and now - self.line_since > HELLO_TIMEOUT:
+            self._drop()  # a listener that never proves itself (or never speaks): try again, or give up
             return
         try:
             for msg in self.line.receive():
@@ -293,6 +317,7 @@ class Peer:
             self.said_done = done
         else:  # the welcome
             self.handshake.check_welcome(msg)
+            self.line.seal(self.handshake.session_key(), "J", self.log)  # every line from now on has its MAC
             self.authenticated = self.joined = True
             self.last_heard = now
 
@@ -318,8 +343,8 @@ class Peer:
 
     def _connect(self, now):
         if not self.joined and now > self.join_by:
-            self.log("cannot reach the coordinator at %s:%d: this run has the controller's guarantees only"
-                     % self.addr)
+            self.log("cannot reach the coordinator at %s:%d within join_timeout: the run has the "
+                     "controller's guarantees only while a controller follows it" % self.addr)
             self.gave_up = True
             return
         if self.connecting is not None:
@@ -357,12 +382,17 @@ class Peer:
             else:
                 self.connecting = None
                 self.line = Line(sock, self.addr[0])
+                self.line_since = now
                 self.handshake = None
                 self.authenticated = False
                 return
         if sock is not None:
             sock.close()
         self.connecting = None
+
+    def unreached(self):
+        """The coordinator never let this peer in, and join_timeout has passed: it no longer tries."""
+        return self.gave_up and not self.joined
 
     def send(self, obj):
         if self.line is not None and not self.line.closed and self.authenticated:

@@ -21,7 +21,8 @@ lets in only the run's hosts, then only a hello that proves the token the contro
                          {"release": ROUND}   not every host got it: give it back, stand in line again
                          {"go": ROUND}        every host has it: start the run
                          {"give_up": TEXT}    the wait ends (its timeout, `clusterrun stop`, a host gone)
-Anything else, or a wrong proof, drops that connection. A waiter that hears nothing from the other end
+After the welcome every line carries a MAC (channel/lines.py: Line.seal); one that fails is dropped and
+logged. Anything else, or a wrong proof, drops that connection. A waiter that hears nothing from the other end
 for host_lost seconds, or a member that cannot join within join_timeout, gives up. Giving up removes the
 queue entry and the pushed job; the run folder keeps only waited.json (why), which `status` reports.
 A waiter that dies (SIGKILL) leaves a stale queue entry (its pid is gone: ignored by everyone, removed
@@ -42,8 +43,10 @@ from ..channel.gate import HELLO_TIMEOUT, Gatekeeper
 from ..channel.handshake import JoinError, Terms, join
 from ..channel.lines import Line, ProtocolError
 from ..files import read_json, write_json_atomic
+from ..mac import ShortToken, check_token
 from ..net import resolve_all, source_for
 from ..procs import same_process, start_ticks
+from ..wire import Fail
 
 PROTOCOL = "wait"
 PROBE_S = 1.0
@@ -55,6 +58,10 @@ WAITED_FILE = "waited.json"
 def begin(run_dir, spec, conf, claim, start):
     """Fork the detached waiter (this process answers and ends); start(spec) starts the run when its turn
     comes. It keeps what it inherits open: the listening sockets, the run folder's receiving mark."""
+    try:
+        check_token(conf["token"])  # before the fork: the launch hears of it
+    except ShortToken as exc:
+        raise Fail("the wait's %s" % exc, "protocol") from None
     sys.stdout.flush()
     pid = os.fork()
     if pid:  # the queue entry is the waiter's from now on (this process ends: a stale owner otherwise)
@@ -347,17 +354,18 @@ class Member(Waiter):
             time.sleep(0.5)
             return
         try:
-            join(sock, self.terms, self.node, time.monotonic() + HELLO_TIMEOUT)
+            joining = join(sock, self.terms, self.node, time.monotonic() + HELLO_TIMEOUT)
         except (OSError, JoinError):
             sock.close()
             time.sleep(0.5)
             return
         self.line = Line(sock, self.addr[0])
+        self.line.seal(joining.session_key(), "J", self.log)  # every line from now on has its MAC
         self.log("joined the wait at %s:%d" % self.addr)
 
     def _hear(self, now):
         try:
-            messages = self.line.receive()
+            messages = list(self.line.receive())
         except ProtocolError:
             self.line.close()
             return None
