@@ -67,22 +67,8 @@ def run_parallel(argvs: Sequence[Sequence[str]], *, env: Optional[dict] = None, 
                               stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
                               stderr=subprocess.PIPE) for a in argvs]
     outs: List[List[bytes]] = [[b"", b""] for _ in procs]
-    readers = []
-    for i, p in enumerate(procs):
-        for j, stream in enumerate((p.stdout, p.stderr)):
-            if stream is not None:
-                cb = (lambda t, data, i=i: on_chunk(i, t, data)) if (on_chunk and j == 0) else None
-                t = threading.Thread(target=_drain, args=(stream, outs[i], j, cb), daemon=True)
-                t.start()
-                readers.append(t)
-    deadline = m0 + timeout
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            codes.append(p.wait())
+    readers = _drain_all(procs, outs, on_chunk)
+    codes = _wait_all(procs, m0 + timeout)
     m1 = time.monotonic()
     t_end = time.time()
     cpu = _cpu() - cpu0
@@ -92,6 +78,32 @@ def run_parallel(argvs: Sequence[Sequence[str]], *, env: Optional[dict] = None, 
     return Done(t0=t0, t_end=t_end, wall=m1 - m0, cpu=cpu, codes=codes, hosts_cpu=hcpu,
                 net_tx=(net()["tx"] - net0) if net else 0,
                 outputs=[o[0] for o in outs], errors=[o[1] for o in outs])
+
+
+def _drain_all(procs: List[subprocess.Popen], outs: List[List[bytes]],
+               on_chunk: Optional[Callable[[int, float, bytes], None]]) -> List[threading.Thread]:
+    """A thread per pipe reading it to its end: into outs[i] ([stdout, stderr]), or stdout to on_chunk."""
+    readers = []
+    for i, p in enumerate(procs):
+        for j, stream in enumerate((p.stdout, p.stderr)):
+            if stream is not None:
+                cb = (lambda t, data, i=i: on_chunk(i, t, data)) if (on_chunk and j == 0) else None
+                t = threading.Thread(target=_drain, args=(stream, outs[i], j, cb), daemon=True)
+                t.start()
+                readers.append(t)
+    return readers
+
+
+def _wait_all(procs: List[subprocess.Popen], deadline: float) -> List[int]:
+    """Every process's exit code; one still running at the deadline (monotonic) is killed."""
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append(p.wait())
+    return codes
 
 
 def run(argv: Sequence[str], **kw) -> Done:

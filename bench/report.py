@@ -14,7 +14,7 @@ import json
 import shutil
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from . import plotting, tables
 from .sections import relay
@@ -105,90 +105,138 @@ def evaluate(summary: Dict) -> List[dict]:
     def add(target: str, hosts, value: Optional[float], ok: Optional[bool], show: str) -> None:
         rows.append({"target": target, "hosts": int(hosts), "value": value, "pass": ok, "shown": show})
 
-    attached_targets(summary, add)
-    for h in sorted(summary.get("launch", {}), key=int):
+    for targets in (attached_targets, launch_targets, push_targets, logs_targets, teardown_targets,
+                    restarts_targets, stacks_targets, training_targets, claims_targets):
+        targets(summary, add)
+    return rows
+
+
+def _sizes(summary: Dict, sec: str) -> List[str]:
+    return sorted(summary.get(sec, {}), key=int)
+
+
+def _held(value: Optional[float], test: Callable[[float], bool]) -> Optional[bool]:
+    """Whether a measured figure meets its target; None where it was not measured."""
+    return None if value is None else test(value)
+
+
+def _seconds(t: Optional[float]) -> str:
+    return "" if t is None else f"{t:.2f} s"
+
+
+def launch_targets(summary: Dict, add) -> None:
+    """The targets for `launch --detach` (bench/sections/launch.py), each through add."""
+    for h in _sizes(summary, "launch"):
         pr = lambda name, h=h: get(summary, "launch", h, "ratio", name)  # noqa: E731
+        at16 = int(h) >= 16
         r = pr("clusterrun/floor")
-        add("launch ≤ 1.3× the floor", h, r, None if r is None else r <= 1.3, tables.times(r))
+        add("launch ≤ 1.3× the floor", h, r, _held(r, lambda v: v <= 1.3), tables.times(r))
         r = pr("clusterrun/fair-floor")
         add("launch ≤ 1.5× the fair floor (paramiko starting the job's Python)", h, r,
-            None if r is None else r <= 1.5, tables.times(r))
+            _held(r, lambda v: v <= 1.5), tables.times(r))
         r = pr("pdsh/clusterrun")
-        add("launch ≥ 3× faster than pdsh" + (" (target at 16 hosts)" if int(h) < 16 else ""), h, r,
-            None if r is None else (r >= 3 if int(h) >= 16 else None), tables.times(r))
+        add("launch ≥ 3× faster than pdsh" + ("" if at16 else " (target at 16 hosts)"), h, r,
+            _held(r, lambda v: v >= 3) if at16 else None, tables.times(r))
         r = pr("cpu clusterrun/fair-floor")
-        add("CPU per launch (controller + hosts) ≤ 2× the fair floor's", h, r, None if r is None else r <= 2,
+        add("CPU per launch (controller + hosts) ≤ 2× the fair floor's", h, r, _held(r, lambda v: v <= 2),
             tables.times(r))
         r = pr("ssh-serial/clusterrun")
-        add("launch ≥ 5× faster than the serial ssh loop" + (" (target at 16 hosts)" if int(h) < 16 else ""),
-            h, r, None if r is None else (r >= 5 if int(h) >= 16 else None), tables.times(r))
+        add("launch ≥ 5× faster than the serial ssh loop" + ("" if at16 else " (target at 16 hosts)"),
+            h, r, _held(r, lambda v: v >= 5) if at16 else None, tables.times(r))
         r = pr("clusterrun/pdsh")
-        add("launch not slower than pdsh", h, r, None if r is None else r <= 1.0, tables.times(r) + " of pdsh")
-    for h in sorted(summary.get("push", {}), key=int):
+        add("launch not slower than pdsh", h, r, _held(r, lambda v: v <= 1.0), tables.times(r) + " of pdsh")
+
+
+def push_targets(summary: Dict, add) -> None:
+    """The push's targets (bench/sections/push.py), each through add."""
+    for h in _sizes(summary, "push"):
         pr = lambda name, h=h: get(summary, "push", h, "ratio", name)  # noqa: E731
         r = pr("sftp/clusterrun")
-        add("first push ≥ 2× default SFTP", h, r, None if r is None else r >= 2, tables.times(r))
+        add("first push ≥ 2× default SFTP", h, r, _held(r, lambda v: v >= 2), tables.times(r))
         r = pr("fastest/clusterrun")
-        add("first push ≥ 80% of the fastest baseline", h, r, None if r is None else r >= 0.8,
+        add("first push ≥ 80% of the fastest baseline", h, r, _held(r, lambda v: v >= 0.8),
             "" if r is None else f"{100 * r:.0f}%")
         b = get(summary, "push", h, "clusterrun-unchanged", "wire_bytes", "max")
         b = None if b is None else b / int(h)
         add("unchanged push sends < 1 MB (per host, on the wire, the whole launch)", h, b,
-            None if b is None else b < 1e6, "" if b is None else f"{b / 1e3:.0f} kB per host")
+            _held(b, lambda v: v < 1e6), "" if b is None else f"{b / 1e3:.0f} kB per host")
         r = pr("unchanged/floor")
-        add("unchanged push ≤ 1.2× the launch floor", h, r, None if r is None else r <= 1.2, tables.times(r))
-    for h in sorted(summary.get("logs", {}), key=int):
+        add("unchanged push ≤ 1.2× the launch floor", h, r, _held(r, lambda v: v <= 1.2), tables.times(r))
+
+
+def logs_targets(summary: Dict, add) -> None:
+    """The targets for following logs (bench/sections/logs.py), each through add."""
+    for h in _sizes(summary, "logs"):
         v = get(summary, "logs", h, "clusterrun", "lines_per_s")
-        add("logs ≥ 100k lines/s aggregate", h, v, None if v is None else v >= 1e5,
+        add("logs ≥ 100k lines/s aggregate", h, v, _held(v, lambda x: x >= 1e5),
             "" if v is None else f"{v / 1e3:.0f}k/s")
         lost = get(summary, "logs", h, "clusterrun", "lost", "max")
-        dmg = get(summary, "logs", h, "clusterrun", "damaged", "max")
-        dup = get(summary, "logs", h, "clusterrun", "duplicated", "max")
         if lost is not None:
-            bad = lost + (dmg or 0) + (dup or 0)
+            dmg = get(summary, "logs", h, "clusterrun", "damaged", "max") or 0
+            dup = get(summary, "logs", h, "clusterrun", "duplicated", "max") or 0
+            bad = lost + dmg + dup
             add("logs: no line lost, duplicated or damaged", h, bad, bad == 0,
-                f"{lost:.0f} lost, {dup or 0:.0f} dup, {dmg or 0:.0f} damaged")
+                f"{lost:.0f} lost, {dup:.0f} dup, {dmg:.0f} damaged")
         p50 = get(summary, "logs", h, "clusterrun", "delay", "p50")
-        add("log delay p50 < 100 ms", h, p50, None if p50 is None else p50 < 0.1,
+        add("log delay p50 < 100 ms", h, p50, _held(p50, lambda x: x < 0.1),
             "" if p50 is None else f"{p50 * 1e3:.0f} ms")
-    for h in sorted(summary.get("teardown", {}), key=int):
+
+
+def teardown_targets(summary: Dict, add) -> None:
+    """The targets for stopping a run (bench/sections/teardown.py), each through add."""
+    for h in _sizes(summary, "teardown"):
         for m, what in (("crash", "first failure"), ("stop", "`clusterrun stop`")):
             t = get(summary, "teardown", h, m, "time")
             g = get(summary, "teardown", h, m, "grace_used") or 0.0
-            add(f"teardown from {what} ≤ 1 s + grace used", h, t, None if t is None else t <= 1.0 + g,
+            add(f"teardown from {what} ≤ 1 s + grace used", h, t, _held(t, lambda v, g=g: v <= 1.0 + g),
                 "" if t is None else f"{t:.2f} s (grace used {g:.2f} s)")
             left = get(summary, "teardown", h, m, "left_processes", "max")
             if left is not None:
                 add(f"teardown ({m}): no process left", h, left, left == 0, f"{left:.0f}")
-    for h in sorted(summary.get("restarts", {}), key=int):  # bench/sections/restarts.py: grace 2 s, host_lost 5 s
+
+
+def restarts_targets(summary: Dict, add) -> None:
+    """The targets for job.restarts (bench/sections/restarts.py: grace 2 s, host_lost 5 s), each through add."""
+    for h in _sizes(summary, "restarts"):
         t = get(summary, "restarts", h, "clusterrun", "time")
-        add("failed rank → new attempt's first step ≤ grace + 3 s", h, t, None if t is None else t <= 2 + 3,
-            "" if t is None else f"{t:.2f} s")
+        add("failed rank → new attempt's first step ≤ grace + 3 s", h, t, _held(t, lambda v: v <= 2 + 3),
+            _seconds(t))
         r = get(summary, "restarts", h, "ratio", "clusterrun/torchrun")
         add("… against torchrun restarting its own workers (same job)", h, r, None, tables.times(r))
         t = get(summary, "restarts", h, "clusterrun-host", "time")
         add("lost host → new attempt's first step ≤ host_lost + grace + 5 s", h, t,
-            None if t is None else t <= 5 + 2 + 5, "" if t is None else f"{t:.2f} s")
-    for h in sorted(summary.get("stacks", {}), key=int):  # issue 22
+            _held(t, lambda v: v <= 5 + 2 + 5), _seconds(t))
+
+
+def stacks_targets(summary: Dict, add) -> None:
+    """Issue 22's target for `clusterrun stacks` (bench/sections/stacks.py), through add."""
+    for h in _sizes(summary, "stacks"):
         t = get(summary, "stacks", h, "clusterrun stacks", "time")
         add("`clusterrun stacks` ≤ 2 s" + (" (the bound is for 16 hosts)" if int(h) < 16 else ""), h, t,
-            None if t is None else t <= 2.0, "" if t is None else f"{t:.2f} s")
-    for h in sorted(summary.get("training", {}), key=int):
+            _held(t, lambda v: v <= 2.0), _seconds(t))
+
+
+def training_targets(summary: Dict, add) -> None:
+    """The target for training speed (bench/sections/training.py), through add."""
+    for h in _sizes(summary, "training"):
         # paired: each repetition's clusterrun run against the by-hand run next to it (cancels the
         # machine's drift, which on this shared machine moves samples/s by 2x between minutes)
         r = get(summary, "training", h, "ratio", "clusterrun/by-hand")
-        add("training ≥ 98% of by hand", h, r, None if r is None else r >= 0.98,
+        add("training ≥ 98% of by hand", h, r, _held(r, lambda v: v >= 0.98),
             "" if r is None else f"{100 * r:.1f}%")
-    for h in sorted(summary.get("claims", {}), key=int):  # bench/sections/claims.py (issue 25)
+
+
+def claims_targets(summary: Dict, add) -> None:
+    """Issue 25's targets for claiming shared hosts (bench/sections/claims.py), each through add."""
+    for h in _sizes(summary, "claims"):
         r = get(summary, "claims", h, "ratio", "claims/no-claims")
         add("claiming the hosts adds ≤ 10% to a launch (claims on ÷ off, paired)", h, r,
-            None if r is None else r <= 1.1, tables.times(r))
+            _held(r, lambda v: v <= 1.1), tables.times(r))
         r = get(summary, "claims", h, "ratio", "cpu claims/no-claims")
-        add("… and ≤ 10% CPU (controller + hosts)", h, r, None if r is None else r <= 1.1, tables.times(r))
+        add("… and ≤ 10% CPU (controller + hosts)", h, r, _held(r, lambda v: v <= 1.1), tables.times(r))
         t = get(summary, "claims", h, "handover", "time")
-        add("a waiting launch runs ≤ 2 s after the holder was stopped", h, t, None if t is None else t <= 2.0,
-            "" if t is None else f"{t:.2f} s")
-    return rows
+        add("a waiting launch runs ≤ 2 s after the holder was stopped", h, t, _held(t, lambda v: v <= 2.0),
+            _seconds(t))
 
 
 def attached_targets(summary: Dict, add) -> None:

@@ -23,6 +23,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 if __package__ in (None, ""):  # `python bench/run.py`: import from the repository, not from bench/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -163,6 +164,26 @@ def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: in
     return True
 
 
+def run_sections(ctx: Context, a: argparse.Namespace, reps: int, out: Path, info: dict, profiles: list,
+                 log: Callable[[str], None]) -> None:
+    """Every section of --only at this size (ctx.n hosts), the results saved after each."""
+    hosts, rec = ctx.n, ctx.rec
+    for name in a.sections:
+        t = time.monotonic()
+        # other work on the machine is the main source of noise: keep its level beside the figures
+        info["sizes"][str(hosts)].setdefault("load_before", {})[name] = os.getloadavg()[0]
+        try:
+            ran = run_one(name, ctx, a, hosts, reps, out, profiles)
+        except Exception as exc:  # one broken section must not cost the others
+            log(f"{hosts} hosts: {name} FAILED: {exc!r}\n{traceback.format_exc()}")
+            rec.note(name, hosts, f"section failed: {exc!r}"[:600])
+            ctx.cluster.kill_leftovers()
+            ran = True
+        if ran:
+            log(f"{hosts} hosts: {name} done in {time.monotonic() - t:.0f} s")
+        rec.save({"meta": info, "profiles": profiles})
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -201,20 +222,7 @@ def main(argv=None) -> int:
                           a.quick, log)
             ctx.clear_stamps()
             try:
-                for name in a.sections:
-                    t = time.monotonic()
-                    # other work on the machine is the main source of noise: keep its level beside the figures
-                    info["sizes"][str(hosts)].setdefault("load_before", {})[name] = os.getloadavg()[0]
-                    try:
-                        ran = run_one(name, ctx, a, hosts, reps, out, profiles)
-                    except Exception as exc:  # one broken section must not cost the others
-                        log(f"{hosts} hosts: {name} FAILED: {exc!r}\n{traceback.format_exc()}")
-                        rec.note(name, hosts, f"section failed: {exc!r}"[:600])
-                        cl.kill_leftovers()
-                        ran = True
-                    if ran:
-                        log(f"{hosts} hosts: {name} done in {time.monotonic() - t:.0f} s")
-                    rec.save({"meta": info, "profiles": profiles})
+                run_sections(ctx, a, reps, out, info, profiles, log)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
                 if not (a.keep_cluster and k == len(a.host_list) - 1):

@@ -83,6 +83,13 @@ class ConnectError(HostError):
     reason = "unreachable"
 
 
+class Dropped(ConnectError):
+    """The host closed the connection before it said a word of SSH: sshd turning away a connection past
+    its MaxStartups (too many unauthenticated at once), what a bastion in front of many hosts does first.
+    transport/ssh.py tries again (transport/pacing.py lowers the pace); past timeouts.connect it is the
+    host's error."""
+
+
 class AuthError(ConnectError):
     reason = "authentication failed"
 
@@ -133,6 +140,27 @@ class SetupError(RemoteCommandError):
 class CommandTimeout(RemoteCommandError):
     exit_code = EXIT_CONNECT
     reason = "no answer"
+
+
+class UnexpectedError(HostError):
+    """A call on one host raised something that is not a HostError (a bug, an unexpected library error):
+    the fan-out (hosts/group.py) still names the host, and the other hosts go on."""
+
+    reason = "unexpected error"
+
+
+class OutsideRun(HostError):
+    """A PATH of `pull` the host refused: it leads out of the run's folder (absolute elsewhere, a symlink out)."""
+
+    exit_code = EXIT_USAGE
+    reason = "refused"
+
+
+class PullStopped(HostError):
+    """A pull was interrupted here (Ctrl-C): what arrived stays as .part files, for the next pull."""
+
+    exit_code = EXIT_INTERRUPTED
+    reason = "interrupted"
 
 
 class PushError(HostError):
@@ -225,6 +253,10 @@ class HostsBusy(HostsFailed):
             lines.append("  (`clusterrun launch --wait` queues behind them; `clusterrun ps --hosts INVENTORY` "
                          "lists every claim)")
         return "\n".join(lines)
+
+
+class StateError(UsageError):
+    """The registry cannot be used as it is (written by a newer clusterrun, say)."""
 
 
 class NotYourRun(UsageError):

@@ -69,10 +69,19 @@ class RankEnded:
 
 @dataclass(frozen=True)
 class Waiting:
-    """launch --wait: where the launch stands in line on its hosts (hosts.claims.WaitStatus), whenever
+    """launch --wait: where the launch stands in line on its hosts (launch.claiming.WaitStatus), whenever
     that changes."""
 
     status: object
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """job.ports: 127.0.0.1:local here reaches localhost:remote on the host (the terminal names its URL)."""
+
+    remote: int
+    local: int
+    host: str
 
 
 @dataclass(frozen=True)

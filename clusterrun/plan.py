@@ -149,6 +149,18 @@ def init_url(inv: Inventory, run_id: str, addr: str, port: str, attempt: int = 0
     return f"file://{inv.job.shared_dir.rstrip('/')}/clusterrun-{run_id}{suffix}.init"
 
 
+def chosen_interface(mode: str, found: Optional[Mapping]) -> Optional[str]:
+    """The interface network.ifname gives a host's ranks (IFNAME_ENV): the one named, auto's find
+    (found: remote/host/net/ifaces.find's answer, from the push or from check's probe), or None (none, or
+    auto that found nothing: torch picks). The one derivation: launch (net_choice) and check
+    (ranks_interface) both ask it."""
+    if mode == "none":
+        return None
+    if mode != "auto":
+        return mode
+    return (found or {}).get("ifname") or None
+
+
 def net_choice(host: Host, found: Optional[Mapping], master_addr: str) -> NetChoice:
     """What network.ifname means for this host, given what its push found toward rank 0's addr (found:
     remote/host/net/ifaces.find's answer; None before the push: --dry-run, the plan made before it)."""
@@ -158,22 +170,39 @@ def net_choice(host: Host, found: Optional[Mapping], master_addr: str) -> NetCho
     taken = f"; {', '.join(mine)} from env:" if mine else ""
     found = found or {}
     addrs = tuple((i.get("name", "?"), a) for i in found.get("interfaces") or () for a in i.get("addrs") or ())
-    if mode == "none":
-        return NetChoice(mode, None, f"none ({host.ifname_key}): torch picks (gloo: the address "
-                                     f"the host's name resolves to){taken}", (), addrs)
-    if mode != "auto":
-        return NetChoice(mode, mode, f"{mode} ({host.ifname_key}){taken}", env, addrs, _mtu_of(found, mode))
+    ifname = chosen_interface(mode, found)
+    if ifname is None:
+        return NetChoice(mode, None, _unset_why(host, found, master_addr) + taken, (), addrs)
+    why = f"auto: {found.get('why', ifname)}" if mode == "auto" else f"{mode} ({host.ifname_key})"
+    return NetChoice(mode, ifname, why + taken, env, addrs, mtu_of(found, ifname))
+
+
+def _unset_why(host: Host, found: Mapping, master_addr: str) -> str:
+    """Why network.ifname gives the ranks no interface: none, or auto before the push or without a find."""
+    if host.ifname == "none":
+        return f"none ({host.ifname_key}): torch picks (gloo: the address the host's name resolves to)"
     if not found:
-        return NetChoice(mode, None, f"auto: the interface that carries the route to {master_addr}, found while "
-                                     f"pushing{taken}", (), addrs)
-    if not found.get("ifname"):
-        return NetChoice(mode, None, f"auto: none found ({found.get('why', 'no answer')}): torch picks{taken}",
-                         (), addrs)
-    return NetChoice(mode, found["ifname"], f"auto: {found.get('why', found['ifname'])}{taken}", env, addrs,
-                     found.get("mtu"))
+        return f"auto: the interface that carries the route to {master_addr}, found while pushing"
+    return f"auto: none found ({found.get('why', 'no answer')}): torch picks"
 
 
-def _mtu_of(found: Mapping, name: str) -> Optional[int]:
+def ranks_interface(mode: str, env: Mapping[str, str], found: Optional[Mapping], backend: str,
+                    routed: str) -> Tuple[str, Optional[int]]:
+    """(interface, MTU) a host's ranks use toward rank 0's addr: the one its env: names in the backend's
+    *_SOCKET_IFNAME (not NCCL's ^/= patterns), else what network.ifname gives them (chosen_interface), else
+    routed (where the kernel sends: what torch picks then)."""
+    value = env.get(ifname_var(backend)) or ""
+    iface = value if value and not value.startswith(("^", "=")) else chosen_interface(mode, found) or routed
+    return iface, mtu_of(found or {}, iface)
+
+
+def ifname_var(backend: str) -> str:
+    """The variable of IFNAME_ENV the backend reads."""
+    return "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+
+
+def mtu_of(found: Mapping, name: str) -> Optional[int]:
+    """The MTU of this host's interface `name`, from ifaces.find's table (None: not known)."""
     return next((i.get("mtu") for i in found.get("interfaces") or () if i.get("name") == name), None)
 
 

@@ -49,62 +49,17 @@ def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 1000) 
     data = json.loads(inv.read_text())
     data["push"] = {"relay": False}  # the direct path (one SSH channel per host) against scp/rsync; relay.py has its own
     inv.write_text(json.dumps(data, indent=1) + "\n")
-    net = cl.net_bytes
     rng = random.Random(20261130)
-
-    def record(method: str, metric: str, value: float, rep: int, unit: str = "s") -> None:
-        if rep >= 0:
-            ctx.rec.add(SECTION, n, method, metric, value, rep, unit)
-
-    def clusterrun(rep: int, payload: int) -> None:
-        for method in ("clusterrun", "clusterrun-unchanged"):
-            done = run(ctx.clusterrun("launch", "--detach", inv), env=ctx.env(), cwd=ctx.cwd, timeout=900, net=net,
-                       hosts_cpu=cl.hosts_cpu)
-            _check(done, method)
-            rec = ctx.latest_run()
-            phases = rec.get("phases") or {}
-            sent = sum(h.get("pushed_bytes") or 0 for h in rec["hosts"])
-            record(method, "time", done.wall, rep)
-            record(method, "phase_push", phases.get("push", float("nan")), rep)
-            record(method, "phase_connect", phases.get("connect", float("nan")), rep)
-            record(method, "cpu", done.cpu, rep, "cpu-s")
-            record(method, "hosts_cpu", done.hosts_cpu, rep, "cpu-s")
-            record(method, "wire_bytes", done.net_tx, rep, "B")
-            record(method, "payload_bytes", sent, rep, "B")
-            if method == "clusterrun" and sent < n * payload:
-                raise RuntimeError(f"push: clusterrun's first push sent {sent} bytes, less than "
-                                   f"{n} x {payload}: the content was not new")
-
-    def copy(method: str, rep: int) -> None:
-        dest = f"{DEST}/{method}"
-        if method == "scp":
-            done = run_parallel(baselines.scp(cl, [tree / "data", tree / "code"], dest), timeout=900, net=net,
-                                hosts_cpu=cl.hosts_cpu)
-        elif method == "rsync":
-            done = run_parallel(baselines.rsync(cl, tree, dest), timeout=900, net=net, hosts_cpu=cl.hosts_cpu)
-        else:
-            done = run(baselines.sftp(cl, tree, dest), timeout=900, net=net, hosts_cpu=cl.hosts_cpu)
-        _check(done, method)
-        record(method, "time", done.wall, rep)
-        record(method, "cpu", done.cpu, rep, "cpu-s")
-        record(method, "hosts_cpu", done.hosts_cpu, rep, "cpu-s")
-        record(method, "wire_bytes", done.net_tx, rep, "B")
-
-    def floor(rep: int) -> None:
-        done = run(baselines.floor(cl), timeout=120)
-        _check(done, "floor")
-        record("floor", "time", done.wall, rep)
-
     for rep in range(-1, reps):  # rep -1: warm-up (first connections, page cache), not recorded
         payload = make_tree(tree, data_mb if rep >= 0 else 1, files if rep >= 0 else 10, rng)
         cl.on_all(f"rm -rf ~/{DEST} ~/.clusterrun/runs/* && mkdir -p ~/{DEST}/scp ~/{DEST}/rsync ~/{DEST}/sftp")
         for method in rotate(METHODS, max(rep, 0)):
             if method == "clusterrun":
-                clusterrun(rep, payload)
+                _clusterrun(ctx, inv, rep, payload)
             elif method == "floor":
-                floor(rep)
+                _floor(ctx, rep)
             else:
-                copy(method, rep)
+                _copy(ctx, tree, method, rep)
         _verify(ctx, tree, rep)
         cl.on_all(f"rm -rf ~/{DEST} ~/.clusterrun/runs/* ~/.clusterrun/cache")
         if rep >= 0:
@@ -116,10 +71,66 @@ def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 1000) 
     ctx.check_no_leftovers(SECTION)
 
 
+def _record(ctx: Context, method: str, metric: str, value: float, rep: int, unit: str = "s") -> None:
+    if rep >= 0:
+        ctx.rec.add(SECTION, ctx.n, method, metric, value, rep, unit)
+
+
+def _clusterrun(ctx: Context, inv: Path, rep: int, payload: int) -> None:
+    """The first push of fresh content, then the same launch again (unchanged)."""
+    n, cl = ctx.n, ctx.cluster
+    for method in ("clusterrun", "clusterrun-unchanged"):
+        done = run(ctx.clusterrun("launch", "--detach", inv), env=ctx.env(), cwd=ctx.cwd, timeout=900,
+                   net=cl.net_bytes, hosts_cpu=cl.hosts_cpu)
+        _check(done, method)
+        rec = ctx.latest_run()
+        phases = rec.get("phases") or {}
+        sent = sum(h.get("pushed_bytes") or 0 for h in rec["hosts"])
+        _record(ctx, method, "time", done.wall, rep)
+        _record(ctx, method, "phase_push", phases.get("push", float("nan")), rep)
+        _record(ctx, method, "phase_connect", phases.get("connect", float("nan")), rep)
+        _record(ctx, method, "cpu", done.cpu, rep, "cpu-s")
+        _record(ctx, method, "hosts_cpu", done.hosts_cpu, rep, "cpu-s")
+        _record(ctx, method, "wire_bytes", done.net_tx, rep, "B")
+        _record(ctx, method, "payload_bytes", sent, rep, "B")
+        if method == "clusterrun" and sent < n * payload:
+            raise RuntimeError(f"push: clusterrun's first push sent {sent} bytes, less than "
+                               f"{n} x {payload}: the content was not new")
+
+
+def _copy(ctx: Context, tree: Path, method: str, rep: int) -> None:
+    """One baseline copy of the tree to every host: scp, rsync or paramiko SFTP."""
+    cl, net = ctx.cluster, ctx.cluster.net_bytes
+    dest = f"{DEST}/{method}"
+    if method == "scp":
+        done = run_parallel(baselines.scp(cl, [tree / "data", tree / "code"], dest), timeout=900, net=net,
+                            hosts_cpu=cl.hosts_cpu)
+    elif method == "rsync":
+        done = run_parallel(baselines.rsync(cl, tree, dest), timeout=900, net=net, hosts_cpu=cl.hosts_cpu)
+    else:
+        done = run(baselines.sftp(cl, tree, dest), timeout=900, net=net, hosts_cpu=cl.hosts_cpu)
+    _check(done, method)
+    _record(ctx, method, "time", done.wall, rep)
+    _record(ctx, method, "cpu", done.cpu, rep, "cpu-s")
+    _record(ctx, method, "hosts_cpu", done.hosts_cpu, rep, "cpu-s")
+    _record(ctx, method, "wire_bytes", done.net_tx, rep, "B")
+
+
+def _floor(ctx: Context, rep: int) -> None:
+    done = run(baselines.floor(ctx.cluster), timeout=120)
+    _check(done, "floor")
+    _record(ctx, "floor", "time", done.wall, rep)
+
+
+def _payload(tree: Path) -> tuple:
+    """(files, bytes) of the tree that every method copies (noop.py is clusterrun's script, not payload)."""
+    kept = [p for p in tree.rglob("*") if p.is_file() and p.name != "noop.py"]
+    return len(kept), sum(p.stat().st_size for p in kept)
+
+
 def _verify(ctx: Context, tree: Path, rep: int) -> None:
     """Every method delivered every file with every byte, on every host."""
-    files = sum(1 for p in tree.rglob("*") if p.is_file() and p.name != "noop.py")
-    size = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file() and p.name != "noop.py")
+    files, size = _payload(tree)
     script = (f"for d in ~/{DEST}/scp ~/{DEST}/rsync ~/{DEST}/sftp $(ls -d ~/.clusterrun/runs/*/job); do "
               "printf '%s %s %s\\n' \"$d\" $(find -L \"$d\" -type f ! -name noop.py | wc -l) "
               "$(find -L \"$d\" -type f ! -name noop.py -printf '%s\\n' | awk '{s+=$1} END {print s+0}'); done")

@@ -50,14 +50,7 @@ def methods(n: int) -> List[str]:
 def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 100, caps=CAPS_MBIT) -> None:
     n, cl = ctx.n, ctx.cluster
     tree = ctx.work / "relay-tree"
-    invs = {}
-    for mode in ("relay", "direct"):
-        path = cl.write_inventory(ctx.work / f"relay-{mode}.json", root=tree, script="noop.py",
-                                  sync=["data/", "code/"])
-        data = json.loads(path.read_text())
-        data["push"] = {"relay": mode == "relay"}
-        path.write_text(json.dumps(data, indent=1) + "\n")
-        invs[mode] = path
+    invs = {mode: _inventory(ctx, tree, mode) for mode in ("relay", "direct")}
     rng = random.Random(20261201)
     bridge = cl._bridge
 
@@ -111,6 +104,16 @@ def run_section(ctx: Context, reps: int, data_mb: int = 100, files: int = 100, c
     ctx.check_no_leftovers(SECTION)
 
 
+def _inventory(ctx: Context, tree: Path, mode: str) -> Path:
+    """The section's inventory with the relay push on (mode relay) or off (direct)."""
+    path = ctx.cluster.write_inventory(ctx.work / f"relay-{mode}.json", root=tree, script="noop.py",
+                                       sync=["data/", "code/"])
+    data = json.loads(path.read_text())
+    data["push"] = {"relay": mode == "relay"}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
 def breakdown(hosts: List[dict], t0: float) -> Dict[str, float]:
     """Where a push's time went, from what each host reported (its push_detail, wall clock: the containers
     share this machine's clock): the barrier (spawn → the chain laid out, i.e. every host connected and
@@ -120,22 +123,35 @@ def breakdown(hosts: List[dict], t0: float) -> Dict[str, float]:
     details = [h.get("push_detail") or {} for h in hosts]
     out: Dict[str, float] = {}
     laid = [d["laid_out"] for d in details if d.get("laid_out")]
+    if laid:
+        out.update(_chain(details, min(laid), t0))
     firsts = [d["first"] for d in details if d.get("first")]
     lasts = [d["last"] for d in details if d.get("last")]
-    if laid:
-        out["barrier"] = min(laid) - t0
-        chain = sorted((d["node"], d["first"]) for d in details if "node" in d and d.get("first"))
-        if chain:
-            out["head_first_byte"] = chain[0][1] - min(laid)
-        gaps = sorted(b[1] - a[1] for a, b in zip(chain, chain[1:]))
-        if gaps:
-            out["hop"] = gaps[len(gaps) // 2]
     if firsts and lasts:
         out["stream"] = max(lasts) - min(firsts)
+    out.update(_per_host(details))
+    return out
+
+
+def _per_host(details: List[dict]) -> Dict[str, float]:
+    """breakdown's seconds hashing, writing and passing on: the mean over the hosts that reported them."""
+    out = {}
     for key in ("hash_s", "write_s", "pass_s"):
         values = [d[key] for d in details if key in d]
         if values:
             out[key] = sum(values) / len(values)
+    return out
+
+
+def _chain(details: List[dict], laid_out: float, t0: float) -> Dict[str, float]:
+    """breakdown's barrier, head_first_byte and hop, once the chain was laid out (at laid_out)."""
+    out = {"barrier": laid_out - t0}
+    chain = sorted((d["node"], d["first"]) for d in details if "node" in d and d.get("first"))
+    if chain:
+        out["head_first_byte"] = chain[0][1] - laid_out
+    gaps = sorted(b[1] - a[1] for a, b in zip(chain, chain[1:]))
+    if gaps:
+        out["hop"] = gaps[len(gaps) // 2]
     return out
 
 

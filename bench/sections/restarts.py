@@ -51,27 +51,10 @@ def run_section(ctx: Context, reps: int) -> None:
         if method != "clusterrun-host":
             done = run(argv, env=ctx.env(), cwd=ctx.cwd, timeout=300)
             t_fail = ctx.stamp(tag, "crash")
+            if not done.ok:
+                raise RuntimeError(f"restarts/{method} failed: {done.describe_failure()}")
         else:
-            import subprocess
-
-            proc = subprocess.Popen(argv, env=ctx.env(), cwd=ctx.cwd, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
-            try:
-                deadline = time.monotonic() + 120
-                while ctx.stamp(tag, "ready") is None and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                cl.c.crash(cl.names[-1])
-                t_fail = time.time()
-                code = proc.wait(timeout=300)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                cl.c.start(cl.names[-1])
-            done = None
-            if code != 0:
-                raise RuntimeError(f"restarts/{method}: clusterrun exited {code}")
-        if done is not None and not done.ok:
-            raise RuntimeError(f"restarts/{method} failed: {done.describe_failure()}")
+            t_fail = _lose_last_host(ctx, argv, tag, method)
         firsts = {k: t for k, t in ctx.stamps(tag, "step").items() if t_fail is not None and t > t_fail}
         want = n - 1 if method == "clusterrun-host" else n
         if t_fail is None or len(firsts) != want:
@@ -83,3 +66,26 @@ def run_section(ctx: Context, reps: int) -> None:
 
     ctx.interleave(SECTION, METHODS, reps, one)
     ctx.rec.note(SECTION, n, f"grace 2 s (the ranks exit at once on TERM), restart_delay 0, host_lost {HOST_LOST:g} s")
+
+
+def _lose_last_host(ctx: Context, argv, tag: str, method: str) -> float:
+    """Run argv and kill the last host once the job stamped `ready`; the moment of the kill."""
+    import subprocess
+
+    cl = ctx.cluster
+    proc = subprocess.Popen(argv, env=ctx.env(), cwd=ctx.cwd, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while ctx.stamp(tag, "ready") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cl.c.crash(cl.names[-1])
+        t_fail = time.time()
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cl.c.start(cl.names[-1])
+    if code != 0:
+        raise RuntimeError(f"restarts/{method}: clusterrun exited {code}")
+    return t_fail

@@ -15,7 +15,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..config.inventory import Host, Inventory
 from ..errors import HostError
-from ..hosts.client import BenchStream, HostClient, make_connect
+from ..hosts.bandwidth import BenchStream
+from ..hosts.client import HostClient, make_connect
 from ..hosts.group import fan_out
 from .links import Link, NetReport, judged, pair_links, rounds
 

@@ -24,8 +24,8 @@ from ..errors import ClusterrunError, HostError, RemoteCommandError
 from ..hosts.client import HostClient, make_connect
 from ..hosts.group import background, fan_out
 from ..hosts.relay import relay_wanted
-from .net import (addr_result, connect_result, dns_result, iface_result, mtu_results, relay_result, shared_result,
-                  used_interface)
+from .net_rules import (addr_result, connect_result, dns_result, iface_result, mtu_results, relay_result,
+                        shared_result, used_interface)
 from ..hosts.probe import Listener, ProbeAnswer, Started, reach
 from .rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result, clock_skew,
                     cuda_result, disk_result, port_text, probe_failed, python_results, shell_noise, ssh_failed,

@@ -17,8 +17,8 @@ from ..config.inventory import Host, inventory_from_snapshot
 from ..errors import ConnectError, HostError
 from ..hosts.client import HostClient
 from ..hosts.group import GroupResult, fan_out, on_hosts
-from ..registry.runs import fetch_logs
 from ..registry.store import RunRecord, RunStore
+from ..runs.logs import fetch_logs
 from .policy import Decision, Rules, protected, select_removals, unpulled
 
 Connect = Callable[[Host], HostClient]

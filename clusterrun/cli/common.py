@@ -83,10 +83,9 @@ def store():
 
 def connect_for(record):
     """A connect function for the hosts of a recorded run, with the timeouts it was launched with."""
-    from ..config.inventory import Timeouts
-    from ..hosts.client import make_connect
+    from ..runs.nodes import connect_for
 
-    return make_connect(Timeouts(**(record.snapshot.get("timeouts") or {})))
+    return connect_for(record)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from .runs import _complete_runs
               help="How to read them: py-spy where a host has it, else clusterrun's bootstrap (faulthandler).")
 def stacks(run: Optional[str], ranks: Sequence[int], as_json: bool, via: str) -> int:
     """The Python stack of every thread of every rank of RUN, identical stacks folded, the odd rank first."""
-    from ..registry.live import gather_stacks
+    from ..runs.stacks import gather_stacks
 
     registry = store()
     run_id = registry.resolve(run)
@@ -44,46 +44,29 @@ def top(target: Optional[str], once: bool, as_json: bool, interval: Optional[flo
     """Live load of a run's hosts and ranks (TARGET: a run, default the latest), or of an INVENTORY's hosts
     and which clusterrun runs hold them (any user's claims and who waits): CPU, load, memory, network, GPUs; per rank CPU, RSS and seconds
     since its last line, stragglers marked. Sampled on the hosts, one SSH connection each."""
-    import os
     import sys
 
-    from ..registry.live import TopTarget, top_targets, watch_top
+    from ..runs.top import top_watch
     from ..ui.console import console
     from ..ui.observe import show_top, top_renderable
-    from .common import forward_signals
+    from .common import forward_signals, load
 
-    if target and os.path.isfile(target):
-        from ..hosts.client import make_connect
-        from .common import load
-
-        inv = load(target)
-        run_id, targets, timeouts = "", [TopTarget(h, "-", h.claims_dir or "") for h in inv.hosts], inv.timeouts
-        connect = make_connect(timeouts)
-    else:
-        from ..config.inventory import Timeouts
-
-        registry = store()
-        run_id = registry.resolve(target)
-        record = registry.get(run_id)
-        targets, connect = top_targets(registry, run_id), connect_for(record)
-        timeouts = Timeouts(**(record.snapshot.get("timeouts") or {}))
+    watch = top_watch(target, store, load)
     out = console(stderr=False)
     once = once or not sys.stdout.isatty() and not as_json
     interval = interval or (1.0 if once else 2.0)
     stop_flag: list = []
     with forward_signals(lambda: stop_flag.append(True)):
         if once:
-            view = watch_top(run_id, targets, connect, interval=interval, once=True, on_view=lambda v: None,
-                             stop_flag=stop_flag, command_timeout=timeouts.command)
+            view = watch.watch(interval=interval, once=True, on_view=lambda v: None, stop_flag=stop_flag)
             click.echo(json.dumps(view.to_json(), indent=2)) if as_json else show_top(view, out)
         elif as_json:
-            watch_top(run_id, targets, connect, interval=interval, once=False, stop_flag=stop_flag,
-                      on_view=lambda v: click.echo(json.dumps(v.to_json())), command_timeout=timeouts.command)
+            watch.watch(interval=interval, once=False, stop_flag=stop_flag,
+                        on_view=lambda v: click.echo(json.dumps(v.to_json())))
         else:
             from rich.live import Live
 
             with Live(console=out, auto_refresh=False, transient=False) as live:
-                watch_top(run_id, targets, connect, interval=interval, once=False, stop_flag=stop_flag,
-                          on_view=lambda v: live.update(top_renderable(v), refresh=True),
-                          command_timeout=timeouts.command)
+                watch.watch(interval=interval, once=False, stop_flag=stop_flag,
+                            on_view=lambda v: live.update(top_renderable(v), refresh=True))
     return EXIT_INTERRUPTED if stop_flag else EXIT_OK  # a live view ends by Ctrl-C, as `logs -f` does

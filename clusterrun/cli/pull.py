@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import queue
 import re
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import click
 
@@ -13,7 +13,25 @@ from ..errors import EXIT_CONNECT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Conne
 from .common import connect_for, forward_signals, store
 from .runs import _complete_runs
 
+if TYPE_CHECKING:
+    from ..transport.forward import PortSpec
+
 PORT_SPEC = re.compile(r"^\d{1,5}(:\d{1,5})?$")
+
+
+def parse_spec(text: str) -> "PortSpec":
+    """PORT (the same port here), PORT:LOCAL, or PORT:0 (a free port here)."""
+    from ..transport.forward import PortSpec
+
+    remote, _, local = text.partition(":")
+    try:
+        spec: Optional[PortSpec] = PortSpec(int(remote), int(local) if local else int(remote))
+    except ValueError:
+        spec = None
+    if spec is None or not 1 <= spec.remote <= 65535 or not 0 <= spec.local <= 65535:
+        raise UsageError(f"{text!r}: give PORT or PORT:LOCAL (ports 1-65535; LOCAL 0 picks a free one), "
+                         "e.g. 6006 or 6006:16006")
+    return spec
 
 
 def split_run(registry, args: Sequence[str]) -> Tuple[str, List[str]]:
@@ -41,7 +59,7 @@ def pull(args: Sequence[str], host: Optional[str], all_hosts: bool, to: Optional
     Incremental by content, resumable, atomic per file. Exit 0; 1 when a host failed; 2 bad input
     (nothing written); 3 a host unreachable; 130 interrupted (pull again to continue).
     """
-    from ..registry.pull import pull_run
+    from ..runs.pull import pull_run
     from ..ui.run_view import RunView
     from ..ui.tables import show_pull
     from ..events import Phase
@@ -88,9 +106,9 @@ def forward(args: Sequence[str], host: Optional[str]) -> int:
     """
     from rich.text import Text
 
-    from ..hosts.forward import banner, parse_spec
-    from ..registry.forward import forward_run
+    from ..runs.forward import forward_run
     from ..ui.console import console
+    from ..ui.ports import banner
 
     registry = store()
     if PORT_SPEC.match(args[0]):  # ports are 1-5 digits: a run id's prefix that short would be one too

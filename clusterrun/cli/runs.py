@@ -31,16 +31,10 @@ def ps(as_json: bool, last: int, no_reconcile: bool, disk: bool, hosts_of: Optio
     """List runs; runs whose controller is gone are brought up to date by asking their hosts."""
     if hosts_of:
         return _host_claims(hosts_of, as_json)
-    registry = store()
-    records = []
-    for run_id in registry.ids(limit=last):
-        record = registry.get(run_id)
-        problems = {}
-        if not no_reconcile and (not record.terminal or record.cleanup_pending):
-            from ..registry.runs import reconcile  # only where a host must be asked: SSH is a heavy import
+    from ..runs.ps import listed_runs
 
-            record, problems = reconcile(registry, run_id, connect_for(record))
-        records.append((record, problems))
+    registry = store()
+    records = listed_runs(registry, last, connect_for, ask_hosts=not no_reconcile)
     usage = None
     if disk:
         from ..clean.apply import disk_usage
@@ -74,7 +68,7 @@ def _host_claims(inventory: str, as_json: bool) -> int:
                                "unreachable": {name: str(e) for name, e in listing.failed.items()}}, indent=2))
     else:
         from ..ui.console import console
-        from ..ui.tables import show_host_claims
+        from ..ui.claims import show_host_claims
 
         show_host_claims(listing, console(stderr=False))
     return EXIT_CONNECT if listing.failed else EXIT_OK
@@ -96,7 +90,7 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
     """
     from rich.text import Text
 
-    from ..registry.runs import fetch_logs, replay_copies, select_logs
+    from ..runs.logs import fetch_logs, replay_copies, select_logs
     from ..ui.console import LogPrinter, console
 
     registry = store()
@@ -140,7 +134,7 @@ def _follow_later_attempts(registry, record, attempt: int, printer, wanted, stop
     new attempts (job.restarts), those are followed too."""
     from rich.text import Text
 
-    from ..registry.runs import await_end, fetch_logs
+    from ..runs.logs import await_end, fetch_logs
 
     while True:
         record = await_end(registry, record.id, connect_for(record), attempt, stop_flag)
@@ -157,7 +151,7 @@ def _closing_summary(record, secrets) -> int:
     """What an attached launch prints at the end (root cause, ranks, why, exit code); the run's exit code."""
     from rich.text import Text
 
-    from ..registry.runs import recorded_outcome
+    from ..runs.logs import recorded_outcome
     from ..states import RunState
     from ..ui.run_view import RunView
 
@@ -184,7 +178,8 @@ def stop(run: Optional[str], grace: Optional[float], hosts_of: Optional[str]) ->
     """
     from rich.text import Text
 
-    from ..registry.runs import check_owner, newest_open, reconcile, stop_run, still_open
+    from ..runs.reconcile import newest_open, reconcile
+    from ..runs.stop import check_owner, stop_run
     from ..ui.console import console
 
     registry = store()
@@ -199,7 +194,7 @@ def stop(run: Optional[str], grace: Optional[float], hosts_of: Optional[str]) ->
         record = registry.get(_resolve(registry, run, hosts_of))
         check_owner(record)  # before asking its hosts anything
         record, _ = reconcile(registry, record.id, connect_for(record))  # has it ended since it was recorded?
-    if not still_open(record):
+    if not record.still_open:
         err.print(Text(f"run {record.id} already ended ({_ended_text(record)}), nothing to stop", style="bold"))
         if run is not None:
             live = newest_open(registry, connect_for)
@@ -207,7 +202,6 @@ def stop(run: Optional[str], grace: Optional[float], hosts_of: Optional[str]) ->
                 err.print(Text(f"run {live.id} is {live.state.value}: `clusterrun stop {live.id}` (or `clusterrun "
                                "stop`: the newest running run)", style="yellow"))
         return EXIT_OK
-    grace = grace if grace is not None else float((record.snapshot.get("timeouts") or {}).get("grace", 10))
     record, failures = stop_run(registry, record.id, connect_for(record), grace)
     for name, exc in failures.items():
         err.print(Text(f"{name}: not stopped: {exc}", style="bold red"))
@@ -226,20 +220,14 @@ def _resolve(registry, run: str, hosts_of: Optional[str]) -> str:
     try:
         return registry.resolve(run)
     except RunNotFound:
-        if hosts_of:
-            _refuse_foreign(hosts_of, run)
+        if hosts_of:  # if the hosts' claims show it, say whose it is (NotYourRun)
+            from ..runs.stop import refuse_foreign_on
+            from .common import load
+
+            refuse_foreign_on(load(hosts_of), run)
         raise
 
 
-def _refuse_foreign(inventory: str, run: str) -> None:
-    """A run id this registry does not know: if the hosts' claims show it, say whose it is (NotYourRun)."""
-    from ..hosts.claims import list_claims, run_owner
-    from ..hosts.client import make_connect
-    from ..registry.runs import refuse_foreign
-    from .common import load
-
-    inv = load(inventory)
-    refuse_foreign(run, run_owner(list_claims(inv.hosts, make_connect(inv.timeouts)), run))
 
 
 def _ended_text(record) -> str:

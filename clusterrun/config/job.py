@@ -22,20 +22,20 @@ MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".mypy_cache/", ".pytest_cache/")
 
 
-
-
 @dataclass(frozen=True)
 class Job:
+    """The job: section; every default is here, once (a bare hostfile's job is `default_job`)."""
+
     root: str  # absolute folder that job paths are relative to and that is mirrored on the hosts
     script: Optional[str]  # relative POSIX path under root; None for a module job, or a bare hostfile
-    args: Tuple[str, ...]  # may hold placeholders ({rank}, {dist_url}, ...: config/placeholders.py)
-    sync: Tuple[str, ...]
-    exclude: Tuple[str, ...]
-    init_method: str  # "env" | "tcp" | "file"
-    backend: str  # "gloo" | "nccl"
-    timeout_s: float
-    time_limit_s: Optional[float]
-    shared_dir: Optional[str]
+    args: Tuple[str, ...] = ()  # may hold placeholders ({rank}, {dist_url}, ...: config/placeholders.py)
+    sync: Tuple[str, ...] = ()
+    exclude: Tuple[str, ...] = DEFAULT_EXCLUDES
+    init_method: str = "env"  # "env" | "tcp" | "file"
+    backend: str = "gloo"  # "gloo" | "nccl"
+    timeout_s: float = 1800.0
+    time_limit_s: Optional[float] = None
+    shared_dir: Optional[str] = None
     module: Optional[str] = None  # `python -m MODULE` (run in the pushed root) instead of a script
     rank_flags: bool = True  # `--rank i --world-size n` before the args (the tutorials' way)
     rank_flags_from: str = "inventory"  # "default": not given, may be decided from the script; "script": it was
@@ -82,26 +82,34 @@ class _Entries:
         return default if node is None else read(node, f"job.{name}", **kwargs)
 
 
+def default_job(root: str) -> Job:
+    """The job of an inventory that has no job: section (a bare hostfile): every default, rank_flags open."""
+    return Job(root=root, script=None, rank_flags_from="default")
+
+
+_D = default_job("")  # the defaults, read where a key is not given or failed to read
+
+
 def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
     job = _Entries(r.mapping(node, "job", JOB_KEYS) if node is not None else {})
     # In this order: a later check looks at the problems the reads before it reported (job.shared_dir's).
     root = _read_root(r, job, base_dir)
     script = _read_script(r, job, root)
     module = _read_module(r, job.node("module"), has_script=job.node("script") is not None)
-    launcher = job.read("launcher", r.choice, "python", choices=LAUNCHERS) or "python"
+    launcher = job.read("launcher", r.choice, _D.launcher, choices=LAUNCHERS) or _D.launcher
     rank_flags = _read_rank_flags(r, job, launcher)
     args = _read_args(r, job, launcher)
     init_method = _read_init_method(r, job, launcher)
-    backend = job.read("backend", r.choice, "gloo", choices=("gloo", "nccl"))
-    timeout = job.read("timeout", r.duration, 1800.0)
-    time_limit = job.read("time_limit", r.duration, None)
-    hang_timeout = job.read("hang_timeout", r.duration, None)
+    backend = job.read("backend", r.choice, _D.backend, choices=("gloo", "nccl"))
+    timeout = job.read("timeout", r.duration, _D.timeout_s)
+    time_limit = job.read("time_limit", r.duration, _D.time_limit_s)
+    hang_timeout = job.read("hang_timeout", r.duration, _D.hang_timeout_s)
     shared_dir = _read_shared_dir(r, job.node("shared_dir"))
     _check_file_rendezvous(r, job, init_method, shared_dir)
-    setup = tuple(job.read("setup", r.string_list, (), nonempty=True))
-    restarts = job.read("restarts", r.integer, 0, lo=0, hi=1000)
-    min_nodes = job.read("min_nodes", r.integer, None, lo=1, hi=4096)
-    delay = job.read("restart_delay", r.duration, 5.0, zero=True)
+    setup = tuple(job.read("setup", r.string_list, _D.setup, nonempty=True))
+    restarts = job.read("restarts", r.integer, _D.restarts, lo=0, hi=1000)
+    min_nodes = job.read("min_nodes", r.integer, _D.min_nodes, lo=1, hi=4096)
+    delay = job.read("restart_delay", r.duration, _D.restart_delay_s, zero=True)
     checkpoint_dir = read_absolute(r, job.node("checkpoint_dir"), "job.checkpoint_dir",
                                     "must be an absolute path on the hosts (a shared folder, or one on each)")
     exclude = tuple(job.read("exclude", r.string_list, ()))
@@ -109,12 +117,14 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
     ports = _read_ports(r, job.node("ports"))
     # A value that failed to read is None (its problem is recorded); the defaults keep the Job well-formed.
     return Job(root=root, script=script, args=args, sync=tuple(_read_sync(r, job.node("sync"), root)),
-               exclude=DEFAULT_EXCLUDES + exclude, init_method=init_method or "env", backend=backend or "gloo",
-               timeout_s=timeout or 1800.0, time_limit_s=time_limit, shared_dir=shared_dir, module=module,
-               rank_flags=launcher == "python" if rank_flags is None else rank_flags, launcher=launcher,
+               exclude=_D.exclude + exclude, init_method=init_method or _D.init_method,
+               backend=backend or _D.backend, timeout_s=timeout or _D.timeout_s, time_limit_s=time_limit,
+               shared_dir=shared_dir, module=module, launcher=launcher,
+               rank_flags=launcher == "python" if rank_flags is None else rank_flags,
                rank_flags_from="default" if rank_flags is None and launcher == "python" else "inventory",
-               setup=setup, restarts=restarts or 0, min_nodes=min_nodes, restart_delay_s=5.0 if delay is None else delay,
-               checkpoint_dir=checkpoint_dir, outputs=outputs, ports=ports, hang_timeout_s=hang_timeout)
+               setup=setup, restarts=restarts or 0, min_nodes=min_nodes,
+               restart_delay_s=_D.restart_delay_s if delay is None else delay, checkpoint_dir=checkpoint_dir,
+               outputs=outputs, ports=ports, hang_timeout_s=hang_timeout)
 
 
 def _read_root(r: NodeReader, job: _Entries, base_dir: str) -> str:

@@ -13,15 +13,17 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 from ..config.inventory import Host, Timeouts
-from ..errors import (CommandTimeout, ConnectError, HostError, RemoteCommandError, StartError, UnsafeWorkdir)
+from ..errors import ConnectError, HostError, RemoteCommandError, StartError, UnsafeWorkdir
 from .. import remote
 from ..remote import BOOTSTRAP, EXIT_PROGRAM_MISSING, EXIT_UNSAFE_WORKDIR, INSTALLER, PROGRAM_ID, UNSAFE_WORKDIR
 from ..transport import Stream, StreamClosed, Transport
+from .bandwidth import BenchStream
+from .failures import error_answer, failure
 from .group import background
 from .manifest import Manifest
 from .relay import RelayGroup
 from .push import HeldPush, PushChannel, push_result
-from .wire import FollowStream, Prepended, ProgramMissing, Samples, exit_code_of, offer, pack_msg, read_msg
+from .wire import FollowStream, Prepended, ProgramMissing, Samples, exit_code_of, offer, read_msg
 
 if TYPE_CHECKING:
     from .pull import PullStream
@@ -87,8 +89,8 @@ class HostClient:
         if done.exit_code == 0 and isinstance(reply, dict):
             return reply
         if isinstance(reply, dict) and "error" in reply:
-            raise RemoteCommandError(self.label, f"{command}: {reply['error']}" +
-                                     (f" ({reply['path']})" if reply.get("path") else ""), exit_code=done.exit_code)
+            raise error_answer(self.label, reply["error"], what=command, path=reply.get("path") or "",
+                               exit_code=done.exit_code)
         raise self._command_failed(f"{command} failed", done.exit_code, done.stderr)
 
     def _unsafe_workdir(self, tail: str) -> HostError:
@@ -111,7 +113,7 @@ class HostClient:
             reply = _last_json(done.stdout)
             if not isinstance(reply, dict) or "error" not in reply:
                 raise self._command_failed(f"cannot read {rel}", done.exit_code, done.stderr)
-            raise RemoteCommandError(self.label, reply["error"], exit_code=done.exit_code)
+            raise error_answer(self.label, reply["error"], exit_code=done.exit_code)
         return done.stdout
 
     def pull(self, run_id: str, paths: Sequence[str]) -> "PullStream":
@@ -211,7 +213,7 @@ class HostClient:
 
         return self._with_program(attempt)
 
-    def bandwidth(self, conf: dict) -> "BenchStream":
+    def bandwidth(self, conf: dict) -> BenchStream:
         """Start the host's `bandwidth` (remote/host/net/bandwidth.py: `check --net`) with its token and addr:;
         the stream, once the host listens (its ready answer: port, bound address, chosen interface)."""
         def attempt() -> BenchStream:
@@ -223,7 +225,7 @@ class HostClient:
                 raise
             if "error" in ready:
                 stream.close()
-                raise RemoteCommandError(self.label, f"bandwidth: {ready['error']}", exit_code=1)
+                raise error_answer(self.label, ready["error"], what="bandwidth", exit_code=1)
             return BenchStream(self.label, stream, ready["ready"])
 
         return self._with_program(attempt)
@@ -240,7 +242,7 @@ class HostClient:
         push that fails tells the chain, so the other hosts stop waiting for this one. coordinator: rank
         0's host binds the supervisors' meeting port now, so every host can be started at once. claim:
         (the request, the launch's ClaimGroup, this host's place in it): the host claims its share before
-        any byte is sent, and every host's answer meets in the group (hosts/claims.py)."""
+        any byte is sent, and every host's answer meets in the group (launch/claiming.py)."""
         try:
             result, stream, answer = self._with_program(lambda: self._push_once(
                 attempt_key, manifest, progress, hold, want_port, check_port, master_addr, relay, coordinator,
@@ -282,57 +284,23 @@ class HostClient:
             channel.raise_error(result)
             keep = hold
             return push_result(sent, answer, result, time.monotonic() - t0), stream, answer
-        except TimeoutError:
-            raise CommandTimeout(self.label, f"push: no answer within {timeout:g} s") from None
-        except StreamClosed as exc:
-            raise self._push_interrupted(stream, exc) from None
+        except (TimeoutError, StreamClosed) as exc:
+            raise self._push_failure(stream, exc, timeout) from None
         finally:
             if not keep:
                 stream.close()
 
-    def _push_interrupted(self, stream: Stream, exc: StreamClosed) -> HostError:
-        """The host program failed (its exit code and stderr say how), or the connection itself was lost."""
-        code = exit_code_of(stream)
+    def _push_failure(self, stream: Stream, exc: BaseException, timeout: float) -> BaseException:
+        """The host program failed (its exit code and stderr say how), or the host went silent, or the
+        connection itself was lost."""
+        code = exit_code_of(stream) if isinstance(exc, StreamClosed) else None
         if code not in (None, -1):
             return self._command_failed(f"push interrupted: {exc}", code, stream.stderr())
-        return ConnectError(self.label, f"connection lost during the push: {exc}")
+        return failure(exc, self.label, silent=f"push: no answer within {timeout:g} s",
+                       lost="connection lost during the push")
 
     def close(self) -> None:
         self.transport.close()
-
-
-class BenchStream:
-    """A host's running `bandwidth`: one pair's job at a time (serve or connect), its answer back."""
-
-    def __init__(self, label: str, stream: Stream, ready: dict):
-        self.label = label
-        self.ready = ready  # {"port", "bound", "ifname", "why", "mtu"}
-        self._stream = stream
-
-    def start(self, kind: str, job: dict, timeout: float) -> Optional[str]:
-        """Hand it a serve or connect job (the pair's other host gets its own at the same time); why it
-        could not be handed over (None: it was)."""
-        try:
-            self._stream.write(pack_msg({kind: job}), timeout)
-            return None
-        except (TimeoutError, StreamClosed) as exc:
-            return f"{self.label}: connection lost: {exc}"
-
-    def result(self, pair: str, timeout: float) -> dict:
-        """The started job's answer ({"error"} when the pair failed)."""
-        try:
-            return read_msg(self._stream, timeout)["done"]
-        except TimeoutError:
-            return {"pair": pair, "error": f"{self.label} gave no answer within {timeout:g} s"}
-        except StreamClosed as exc:
-            return {"pair": pair, "error": f"{self.label}: connection lost: {exc}"}
-
-    def close(self) -> None:
-        try:
-            self._stream.write(pack_msg({"end": True}), 2.0)
-        except (TimeoutError, StreamClosed):
-            pass
-        self._stream.close()
 
 
 def _last_json(stdout: bytes) -> object:

@@ -44,7 +44,8 @@ class HostLost:
 
 @dataclass(frozen=True)
 class RunGone(HostLost):
-    """The host answered that it has no such run (its folder is gone, or the run never started there)."""
+    """The host answered that it has no such run (its folder is gone, or the run never started there).
+    Not an exception: one of the follower's ends, put on its queue like HostLost and FollowDone."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ class FollowDone:
 
 
 class _Refused(Exception):
-    """The host's follow answered a failure (an F frame) instead of frames."""
+    """The host's follow answered a failure (an F frame) instead of frames. Internal: the follower's own
+    loop turns it into its end (RunGone or HostLost), which is what the monitor hears."""
 
     def __init__(self, answer: dict):
         super().__init__(str(answer.get("error") or "refused"))

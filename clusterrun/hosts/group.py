@@ -15,15 +15,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence, TypeVar, Union
 
-from ..errors import HostError, HostsFailed
+from ..errors import HostError, HostsFailed, UnexpectedError
 
 T = TypeVar("T")
 MAX_THREADS = 64
 POLL_S = 0.05
-
-
-class UnexpectedError(HostError):
-    reason = "unexpected error"
 
 
 @dataclass

@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from ..errors import CommandTimeout, ConnectError, HostError
+from ..errors import HostError
 from ..transport import Stream, StreamClosed, Transport
+from .failures import exchange, failure
 
 _REMOTE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "remote")
 
@@ -103,9 +104,9 @@ def start_probe(transport: Transport, argv: Sequence[str], opts: dict) -> Tuple[
         stream.write(probe_program(opts), 30.0)
     except StreamClosed:
         pass  # it ended without reading (no such Python): its exit code and stderr say why
-    except TimeoutError:
+    except TimeoutError as exc:
         stream.close()
-        raise CommandTimeout(transport.label, "the host stopped reading the probe") from None
+        raise failure(exc, transport.label, silent="the host stopped reading the probe") from None
     stream.close_stdin()
     return stream, time.time()
 
@@ -152,20 +153,16 @@ class Started:
     def collect(self, deadline: float) -> ProbeAnswer:
         """Read to the end (monotonic deadline) and close."""
         try:
-            more, noise = read_answers(self.reader, deadline)
-            lines = self.lines + more
-            try:
-                code: Optional[int] = self.stream.wait(max(0.1, min(2.0, deadline - time.monotonic())))
-            except TimeoutError:
-                code = None
-            return ProbeAnswer(self.sent, tuple(lines), self.noise if self.lines else noise, code,
-                               self.stream.stderr().decode("utf-8", "replace"))
-        except TimeoutError:
-            raise CommandTimeout(self.transport.label, f"the {self.command} probe gave no answer in time",
-                                 command=f"python - {self.command}") from None
-        except StreamClosed as exc:
-            raise ConnectError(self.transport.label, f"connection lost during the {self.command} probe: {exc}") \
-                from None
+            with exchange(self.transport.label, silent=f"the {self.command} probe gave no answer in time",
+                          lost=f"connection lost during the {self.command} probe", command=f"python - {self.command}"):
+                more, noise = read_answers(self.reader, deadline)
+                lines = self.lines + more
+                try:
+                    code: Optional[int] = self.stream.wait(max(0.1, min(2.0, deadline - time.monotonic())))
+                except TimeoutError:
+                    code = None
+                return ProbeAnswer(self.sent, tuple(lines), self.noise if self.lines else noise, code,
+                                   self.stream.stderr().decode("utf-8", "replace"))
         finally:
             self.stream.close()
 

@@ -1,6 +1,6 @@
 """The controller's side of the host's `pull` (remote/host/observe/pull.py, protocol at its top): the
 listing of what the PATHs select, then the bytes of the files asked for, each handed to a sink as it
-comes. What to ask for and where the bytes go is the caller's (registry/pull.py)."""
+comes. What to ask for and where the bytes go is the caller's (runs/pull.py)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,14 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Protocol, Sequence, Tuple
 
-from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, CommandTimeout, ConnectError, HostError, RemoteCommandError
+from ..errors import ConnectError, OutsideRun
 from ..transport import Stream, StreamClosed
+from .failures import error_answer, exchange
 from .wire import MSG_LEN, pack_msg
 
 CHUNK_LEN = struct.Struct(">I")
 MAX_CHUNK = 4 << 20  # the host sends at most 1 MiB per chunk: a bigger length is garbage, not data
-
-
-class OutsideRun(HostError):
-    """A PATH the host refused: it leads out of the run's folder (absolute elsewhere, a symlink out)."""
-
-    exit_code = EXIT_USAGE
-    reason = "refused"
-
-
-class PullStopped(HostError):
-    """The pull was interrupted here (Ctrl-C): what arrived stays as .part files, for the next pull."""
-
-    exit_code = EXIT_INTERRUPTED
-    reason = "interrupted"
+LOST = "connection lost during the pull"
 
 
 @dataclass(frozen=True)
@@ -121,10 +109,8 @@ class PullStream:
 
     def request(self, paths: Sequence[str], list_timeout: float) -> Listing:
         """The PATHs out, the listing back (list_timeout: the host hashes what it has not hashed before)."""
-        try:
+        with exchange(self._label, silent=f"pull: no answer within {self._timeout:g} s", lost="pull"):
             self._stream.write(pack_msg({"paths": list(paths)}), self._timeout)
-        except StreamClosed as exc:
-            raise ConnectError(self._label, f"pull: {exc}") from None
         answer = self._read(list_timeout)
         if "error" in answer:
             self._raise(answer)
@@ -136,11 +122,9 @@ class PullStream:
     def fetch(self, wants: Sequence[Want], sink_for: Callable[[RemoteFile], Sink]) -> int:
         """Ask for these files and hand each one's bytes to its sink; the bytes received."""
         by_rel = {f.rel: f for f in (self.listing.files if self.listing else ())}
-        try:
+        with exchange(self._label, silent=f"pull: no answer within {self._timeout:g} s", lost=LOST):
             self._stream.write(pack_msg({"want": [[w.rel, w.offset, w.prefix_sha256, w.have] for w in wants]}),
                                self._timeout)
-        except StreamClosed as exc:
-            raise ConnectError(self._label, f"connection lost during the pull: {exc}") from None
         received = 0
         for _ in wants:
             head = self._read()
@@ -172,33 +156,22 @@ class PullStream:
             got += n
 
     def _parts(self, n: int) -> List[memoryview]:
-        try:
+        with exchange(self._label, silent=f"pull: no data within {self._timeout:g} s", lost=LOST):
             return self._reader.parts(n)
-        except TimeoutError:
-            raise CommandTimeout(self._label, f"pull: no data within {self._timeout:g} s") from None
-        except StreamClosed as exc:
-            raise ConnectError(self._label, f"connection lost during the pull: {exc}") from None
 
     def _bytes(self, n: int) -> bytes:
         return b"".join(self._parts(n))
 
     def _read(self, timeout: Optional[float] = None) -> dict:
         timeout = timeout or self._timeout
-        try:
+        with exchange(self._label, silent=f"pull: no answer within {timeout:g} s", lost=LOST, stream=self._stream):
             (n,) = MSG_LEN.unpack(self._reader.exact(MSG_LEN.size, timeout))
             return json.loads(self._reader.exact(n, timeout).decode())
-        except TimeoutError:
-            raise CommandTimeout(self._label, f"pull: no answer within {timeout:g} s") from None
-        except StreamClosed as exc:
-            tail = self._stream.stderr().decode("utf-8", "replace")[-500:]
-            raise ConnectError(self._label, f"connection lost during the pull: {exc}" +
-                               (f": {tail}" if tail else "")) from None
 
     def _raise(self, answer: dict) -> None:
-        where = f" ({answer['path']})" if answer.get("path") else ""
         if answer.get("kind") == "outside":
             raise OutsideRun(self._label, answer["error"])
-        raise RemoteCommandError(self._label, f"pull: {answer['error']}{where}")
+        raise error_answer(self._label, answer["error"], what="pull", path=answer.get("path") or "")
 
     def close(self) -> None:
         self._stream.close()

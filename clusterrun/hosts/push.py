@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..config.inventory import Host, Timeouts
-from ..errors import CommandTimeout, ConnectError, PushError, SetupError, StartError
+from ..errors import PushError, SetupError, StartError
 from ..transport import Stream, StreamClosed
+from .failures import exchange
 from .manifest import Manifest, objects_to_send, read_chunks
 from .relay import RelayGroup
 from .wire import FollowStream, offer, pack_msg, read_msg
@@ -180,13 +181,11 @@ class HeldPush:
         label, timeout = self.label, self.timeouts.command
         keep = False
         try:
-            stream.write(pack_msg({"start": spec, "follow": {}} if follow else {"start": spec}), timeout)
-            answer = read_msg(stream, timeout)
+            with exchange(label, silent=f"start: no answer within {timeout:g} s",
+                          lost="connection lost while starting"):
+                stream.write(pack_msg({"start": spec, "follow": {}} if follow else {"start": spec}), timeout)
+                answer = read_msg(stream, timeout)
             keep = follow and "error" not in answer
-        except TimeoutError:
-            raise CommandTimeout(label, f"start: no answer within {timeout:g} s") from None
-        except StreamClosed as exc:
-            raise ConnectError(label, f"connection lost while starting: {exc}") from None
         finally:
             if not keep:
                 stream.close()
@@ -200,14 +199,10 @@ class HeldPush:
         stream, self._stream = self._stream, None
         label, timeout = self.label, self.timeouts.command
         try:
-            stream.write(pack_msg({"wait": {"spec": spec, "mesh": mesh}}), timeout)
-            answer = read_msg(stream, timeout)
-        except TimeoutError:
-            raise CommandTimeout(label, f"wait: no answer within {timeout:g} s") from None
-        except StreamClosed as exc:
-            tail = stream.stderr().decode("utf-8", "replace").strip()[-500:]
-            raise ConnectError(label, f"connection lost while handing the job to its waiter: {exc}"
-                                      + (f": {tail}" if tail else "")) from None
+            with exchange(label, silent=f"wait: no answer within {timeout:g} s",
+                          lost="connection lost while handing the job to its waiter", stream=stream):
+                stream.write(pack_msg({"wait": {"spec": spec, "mesh": mesh}}), timeout)
+                answer = read_msg(stream, timeout)
         finally:
             stream.close()
         if "error" in answer:
@@ -223,7 +218,8 @@ class HeldPush:
         if stream is None:
             raise StartError(label, "the push's channel is gone")
         tail: List[str] = []
-        try:
+        with exchange(label, silent=f"setup: no word from the host for {silence_s:g} s",
+                      lost="connection lost during the setup"):
             stream.write(pack_msg({"setup": request}), self.timeouts.command)
             while True:
                 message = read_msg(stream, silence_s)
@@ -232,10 +228,6 @@ class HeldPush:
                     tail = (tail + message["out"].splitlines())[-40:]
                 elif "setup" in message:
                     break
-        except TimeoutError:
-            raise CommandTimeout(label, f"setup: no word from the host for {silence_s:g} s") from None
-        except StreamClosed as exc:
-            raise ConnectError(label, f"connection lost during the setup: {exc}") from None
         done = message["setup"]
         if done.get("exit") != 0:
             index = done.get("command")

@@ -22,7 +22,9 @@ MSG_LEN = struct.Struct(">I")  # a framed message: its length, then JSON
 
 
 class ProgramMissing(Exception):
-    """The host program is not installed on the host (yet, or in this version)."""
+    """The host program is not installed on the host (yet, or in this version). Internal, not a
+    ClusterrunError: HostClient._with_program installs the program and tries once more; it never reaches a
+    user (a failed install is a RemoteCommandError)."""
 
 
 def read_msg(stream: Stream, timeout: float) -> dict:
@@ -66,7 +68,8 @@ class Frame:
 
 
 class Malformed(StreamClosed):
-    """The follow stream carried something that is not a frame: ends it like a lost connection."""
+    """The follow stream carried something that is not a frame: ends it like a lost connection. Internal,
+    as StreamClosed is: the follower reconnects, and after MAX_MALFORMED in a row reports the host lost."""
 
 
 class FollowStream:
@@ -142,7 +145,14 @@ class Samples:
         self.first: Optional[dict] = None
 
     def next(self, timeout: float) -> dict:
-        """The next sample; TimeoutError if none within timeout; StreamClosed at the end."""
+        """The next sample; CommandTimeout if none within timeout, ConnectError when the stream ends (or
+        carries something that is not a sample): hosts/failures.py's words, as for every host call."""
+        from .failures import exchange
+
+        with exchange(self._label, silent=f"samples: nothing within {timeout:g} s", lost="samples ended"):
+            return self._next(timeout)
+
+    def _next(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
@@ -152,18 +162,18 @@ class Samples:
             if not chunk:
                 if exit_code_of(self._stream) == EXIT_PROGRAM_MISSING:
                     raise ProgramMissing()
-                tail = self._stream.stderr().decode("utf-8", "replace")[-300:]
-                raise StreamClosed(f"{self._label}: samples ended" + (f": {tail}" if tail else ""))
+                tail = self._stream.stderr().decode("utf-8", "replace").strip()[-300:]
+                raise StreamClosed(f"exit {exit_code_of(self._stream)}" + (f": {tail}" if tail else ""))
             self._buf += chunk
             if len(self._buf) > 1 << 22:
-                raise StreamClosed(f"{self._label}: a sample line longer than 4 MiB")
+                raise StreamClosed("a sample line longer than 4 MiB")
         line, self._buf = self._buf.split(b"\n", 1)
         try:
             value = json.loads(line.decode())
         except (UnicodeDecodeError, ValueError) as exc:
-            raise StreamClosed(f"{self._label}: a sample that is not JSON ({exc})") from None
+            raise StreamClosed(f"a sample that is not JSON ({exc})") from None
         if not isinstance(value, dict):
-            raise StreamClosed(f"{self._label}: a sample that is not a JSON object")
+            raise StreamClosed("a sample that is not a JSON object")
         return value
 
     def close(self) -> None:

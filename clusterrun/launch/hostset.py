@@ -15,7 +15,8 @@ from ..hosts.wire import FollowStream
 
 
 class Closed(Exception):
-    """The launch was given up while a host was connecting: its connection is not kept."""
+    """The launch was given up while a host was connecting: its connection is not kept. Internal, not a
+    ClusterrunError: the runner turns it into Interrupted at once (Runner._connect_node)."""
 
 
 class HostSet:

@@ -21,7 +21,6 @@ from ..config.inventory import Host, Inventory, inventory_snapshot
 from .. import outcome
 from ..errors import ClusterrunError, HostsFailed
 from ..events import HostDone, HostProgress, Notice, Phase, Waiting
-from ..hosts.claims import WaitStatus, wait_mesh
 from ..hosts.client import HostClient
 from ..hosts.group import GroupResult, background, fan_out
 from ..hosts.relay import RelayGroup
@@ -33,8 +32,9 @@ from ..registry.store import RunStore, controller_identity
 from ..states import Cleanup, HostState, RunState
 from . import restarts
 from .job_setup import run_setup
-from .around import PortForwards, pull_outputs
-from .claiming import LaunchClaims, prepare_failure
+from .job_outputs import pull_outputs
+from .job_ports import PortForwards
+from .claiming import LaunchClaims, WaitStatus, prepare_failure, wait_mesh
 from .hostset import Closed, HostSet
 from .monitor import Monitor
 from .preflight import checked_plan, preflight
@@ -44,7 +44,8 @@ Connect = Callable[[Host], HostClient]
 
 
 class Interrupted(Exception):
-    pass
+    """Internal, not a ClusterrunError: Ctrl-C (or a stop) during a phase, raised in the runner and caught
+    in `Runner.run`, which turns it into the run's outcome (outcome.interrupted); it never reaches a user."""
 
 
 class Runner:
@@ -71,7 +72,7 @@ class Runner:
         self._peer_token = os.urandom(16).hex()  # the hosts' supervisors authenticate each other with it
         self._coordinator_port: Optional[int] = None
         self._plan: Optional[LaunchPlan] = None  # the attempt being launched or followed
-        # claims on the hosts' slots and GPUs (hosts/claims.py): one launch's place in line on every host
+        # claims on the hosts' slots and GPUs (claiming.py): one launch's place in line on every host
         self.claims = LaunchClaims(inv, run_id, wait=wait, wait_timeout=wait_timeout, detach=detach,
                                    on_wait=self._on_wait)
         self._handoff = False  # --detach --wait with a host busy: the hosts' waiters start it in its turn

@@ -14,7 +14,7 @@ def host_spec(inv: Inventory, plan: LaunchPlan, node: NodePlan, secrets: Mapping
               time_left: Optional[float], peer_token: str, coordinator_port: Optional[int],
               detached: bool = False, gpus: Optional[Sequence[int]] = None, claim: Optional[dict] = None) -> dict:
     """gpus: the ones the host's claim took (its ranks see them, in local-rank order, as
-    CUDA_VISIBLE_DEVICES); claim: what the supervisor adopts (hosts/claims.start_claim)."""
+    CUDA_VISIBLE_DEVICES); claim: what the supervisor adopts (launch/claiming.start_claim)."""
     extra = {GPU_ENV: ",".join(str(i) for i in gpus)} if gpus else {}
     spec = {"attempt_key": plan.attempt_key, "run_id": plan.run_id, "node_rank": node.node_rank, "node": node.host.name,
             "grace": inv.timeouts.grace, "fail_fast": True, "time_limit": time_left,

@@ -1,2 +1,2 @@
-"""The run registry here (SQLite, local log copies) and what later commands do with recorded runs:
-`ps` brings them up to date from their hosts, `logs` fetches by byte offset, `stop` ends them."""
+"""The run registry here: the records of runs (SQLite, db.py), their history beyond the current attempt,
+and the local copies of their logs. Storage only: what later commands do with a recorded run is runs/."""

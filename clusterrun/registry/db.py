@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from enum import Enum
 from typing import Any, Dict, Iterator
 
-from ..errors import UsageError
+from ..errors import StateError
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -39,10 +39,6 @@ CREATE TABLE IF NOT EXISTS attempts (
 _ADDED_COLUMNS = (("runs", "phases TEXT"), ("hosts", "pushed_bytes INTEGER"), ("hosts", "push_seconds REAL"),
                   ("hosts", "restarts INTEGER"), ("ranks", "stop_reason TEXT"), ("runs", "attempt INTEGER"),
                   ("runs", "restarts INTEGER"), ("hosts", "relayed_bytes INTEGER"), ("hosts", "push_detail TEXT"))
-
-
-class StateError(UsageError):
-    """The registry cannot be used as it is (written by a newer clusterrun, say)."""
 
 
 class Db:

@@ -93,6 +93,11 @@ class RunRecord:
     def cleanup_pending(self) -> List[str]:
         return [h.name for h in self.hosts if h.cleanup is Cleanup.PENDING]
 
+    @property
+    def still_open(self) -> bool:
+        """Something of the run may still run: it has not ended, or a host of it still owes a stop."""
+        return not self.terminal or bool(self.cleanup_pending)
+
     def to_json(self) -> dict:
         return {"id": self.id, "state": self.state.value, "exit_code": self.exit_code, "reason": self.reason,
                 "created_at": self.created_at, "ended_at": self.ended_at, "inventory": self.inventory,

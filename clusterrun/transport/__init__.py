@@ -32,7 +32,9 @@ class Completed:
 
 
 class StreamClosed(Exception):
-    """The other end of a stream went away (connection lost, or the remote process ended)."""
+    """The other end of a stream went away (connection lost, or the remote process ended). Internal, not a
+    ClusterrunError: what a Stream raises; a host call translates it into the host's ConnectError (with the
+    stderr tail) in one place, hosts/failures.py, and Transport.run in run_on below."""
 
 
 class Stream(Protocol):

@@ -24,7 +24,7 @@ from paramiko.message import Message
 
 from ..config.inventory import Timeouts
 from ..config.ssh_config import SshTarget
-from ..errors import AuthError, ConnectError, HostKeyChanged
+from ..errors import AuthError, ConnectError, Dropped, HostKeyChanged
 from . import Completed, StreamClosed, run_on
 from .proxy import ShellProxyCommand
 from .hostkeys import KnownHosts
@@ -230,11 +230,6 @@ def _prefer_key_types(t: paramiko.Transport, offered: Sequence[str]) -> None:
         usable = tuple(k for k in offered if k in t._preferred_keys)
         if usable:
             t.get_security_options().key_types = usable
-
-
-class Dropped(ConnectError):
-    """The host closed the connection before it said a word of SSH: sshd turning away a connection past
-    its MaxStartups (too many unauthenticated at once), what a bastion in front of many hosts does first."""
 
 
 def _start_client(t: paramiko.Transport, target: SshTarget, label: str, offered: Sequence[str],

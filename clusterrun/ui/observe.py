@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from rich.console import Console
 from rich.text import Text
 
 from .. import stacks as st
+
+if TYPE_CHECKING:
+    from ..runs.samples import GpuLoad
+    from ..runs.top import TopView
 
 VIA_WORDS = {"py-spy": "py-spy", "faulthandler": "faulthandler (clusterrun's bootstrap)"}
 
@@ -87,14 +91,13 @@ def _num(v, fmt: str, suffix: str = "") -> str:
     return format(v, fmt) + suffix if isinstance(v, (int, float)) else "-"
 
 
-def _gpus(gpus) -> str:
+def _gpus(gpus: Optional[Sequence["GpuLoad"]]) -> str:
     if not gpus:
         return "·"
-    return " ".join(f"{_num(g.get('util_pct'), '.0f', '%')} {_size(g.get('mem_used'))}/{_size(g.get('mem_total'))}"
-                    for g in gpus)
+    return " ".join(f"{_num(g.util_pct, '.0f', '%')} {_size(g.mem_used)}/{_size(g.mem_total)}" for g in gpus)
 
 
-def top_renderable(view):
+def top_renderable(view: "TopView"):
     """The hosts table and the ranks table of one refresh."""
     from rich.console import Group
 
@@ -104,61 +107,45 @@ def top_renderable(view):
     return Group(*parts)
 
 
-def _hosts_table(view):
+def _hosts_table(view: "TopView"):
     from rich.table import Table
 
+    from .claims import runs_cell
+
     hosts = Table(title=f"run {view.run_id}" if view.run_id else "hosts", title_justify="left")
-    inventory_mode = any("runs" in h for h in view.hosts)
     for col in ("host", "CPU", "load", "memory", "net rx/tx MB/s", "GPUs (util, memory)") + \
-            (("clusterrun runs (claims, waiting)",) if inventory_mode else ()):
+            (("clusterrun runs (claims, waiting)",) if view.inventory else ()):
         hosts.add_column(col)
     for h in view.hosts:
-        runs = [_holders(h)] if inventory_mode else []
-        if h.get("error"):
-            hosts.add_row(h["name"], Text(h["error"][:100], style="red"), "", "", "", "", *runs)
+        runs = [runs_cell(h.claims or (), h.runs or ())] if view.inventory else []
+        if h.error:
+            hosts.add_row(h.name, Text(h.error[:100], style="red"), "", "", "", "", *runs)
             continue
-        net = f"{_num(_mb(h.get('net_rx')), '.1f')}/{_num(_mb(h.get('net_tx')), '.1f')}"
-        hosts.add_row(h["name"], _num(h.get("cpu_pct"), ".0f", "%"), _num(h.get("load1"), ".2f"),
-                      f"{_size(h.get('mem_used'))}/{_size(h.get('mem_total'))}", net, _gpus(h.get("gpus")), *runs)
+        load = h.load
+        net = f"{_num(_mb(load.net_rx), '.1f')}/{_num(_mb(load.net_tx), '.1f')}"
+        hosts.add_row(h.name, _num(load.cpu_pct, ".0f", "%"), _num(load.load1, ".2f"),
+                      f"{_size(load.mem_used)}/{_size(load.mem_total)}", net, _gpus(load.gpus), *runs)
     return hosts
 
 
-def _holders(h: dict) -> str:
-    """A host's runs in top's inventory view: every user's claims (`alice: 2026…-ab12 2 slots, GPUs 0,1`),
-    who waits (`bob waits #1: 2026…-cd34`), and this user's runs without a claim (claims off)."""
-    claims = [c for c in h.get("claims") or () if isinstance(c, dict)]
-    waiting = sorted((c for c in claims if c.get("kind") == "queue"), key=lambda c: c.get("ticket") or [0, ""])
-    parts = [_held(c) for c in claims if c.get("kind") != "queue"]
-    parts += [f"{c.get('user')} waits #{n}: {c.get('run')}" for n, c in enumerate(waiting, 1)]
-    claimed = {str(c.get("run")) for c in claims}
-    parts += [r for r in h.get("runs") or () if r.split("/")[0] not in claimed]
-    return "\n".join(parts) or "-"
-
-
-def _held(c: dict) -> str:
-    gpus = c.get("gpus")
-    gpu = f", GPUs {','.join(map(str, gpus))}" if isinstance(gpus, list) and gpus else ""
-    slots = c.get("slots")
-    return f"{c.get('user')}: {c.get('run')} {slots} slot{'s' if slots != 1 else ''}{gpu}"
-
-
-def _ranks_table(view):
+def _ranks_table(view: "TopView"):
     from rich.table import Table
 
     ranks = Table(title_justify="left")
     for col in ("rank", "host", "state", "CPU", "RSS", "silent", ""):
         ranks.add_column(col)
-    for r in view.ranks:
-        kids = f" +{r['children']} ({_size(r.get('rss_children'))})" if r.get("children") else ""
-        ranks.add_row(str(r.get("rank")), r.get("host", ""), r.get("state", ""), _num(r.get("cpu_pct"), ".0f", "%"),
-                      _size(r.get("rss")) + kids, _num(r.get("last_output_s"), ".0f", " s"),
-                      Text(f"straggler: {r['straggler']}" if r.get("straggler") else "", style="bold yellow"))
+    for row in view.ranks:
+        r = row.load
+        kids = f" +{r.children} ({_size(r.rss_children)})" if r.children else ""
+        ranks.add_row(str(r.rank), row.host, r.state, _num(r.cpu_pct, ".0f", "%"), _size(r.rss) + kids,
+                      _num(r.last_output_s, ".0f", " s"),
+                      Text(f"straggler: {row.straggler}" if row.straggler else "", style="bold yellow"))
     return ranks
 
 
-def _mb(v):
-    return v / 1e6 if isinstance(v, (int, float)) else None
+def _mb(v: Optional[float]) -> Optional[float]:
+    return v / 1e6 if v is not None else None
 
 
-def show_top(view, out: Console) -> None:
+def show_top(view: "TopView", out: Console) -> None:
     out.print(top_renderable(view))

@@ -11,7 +11,7 @@ from typing import Dict, Iterable, Optional
 
 from rich.text import Text
 
-from ..events import HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Waiting
+from ..events import Forwarded, HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Waiting
 from ..outcome import RunOutcome, hint_for
 from ..states import RankState, RunState
 from ..config.sizes import size_text
@@ -99,10 +99,14 @@ class RunView:
             self.err.print(Text(ev.text, style=style))
         elif isinstance(ev, Waiting):
             self._on_waiting(ev)
+        elif isinstance(ev, Forwarded):
+            from .ports import banner
+
+            self.err.print(Text(banner(ev.remote, ev.local, ev.host)))
 
     def _on_waiting(self, ev: Waiting) -> None:
         """launch --wait: a line each time its place in line changes (what it waits for, on which host)."""
-        from .tables import wait_line
+        from .claims import wait_line
 
         line = wait_line(ev.status)
         target = self._progress.console if self._progress is not None else self.err
@@ -110,7 +114,7 @@ class RunView:
 
     def busy(self, exc) -> None:
         """Exit 5: who holds what on each busy host."""
-        from .tables import show_busy
+        from .claims import show_busy
 
         show_busy(exc, self.err)
 

@@ -1,4 +1,5 @@
-"""Tables and listings the commands print: the dry run's plan, `ps`, a sweep's results."""
+"""Tables and listings the commands print: the dry run's plan, `ps`, a sweep's results, `exec`, `clean`,
+`pull` (claims on shared hosts: claims.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from ..registry.store import RunRecord
 
 if TYPE_CHECKING:  # `ps` renders runs without loading the planner (and with it the inventory and YAML)
     from ..clean.apply import HostClean
-    from ..hosts.claims import Holder
     from ..plan import LaunchPlan
-    from ..registry.pull import PullResult
+    from ..runs.pull import PullResult
 
 
 def show_plan(plan: "LaunchPlan", out: Console, routes: Optional[Dict[str, str]] = None) -> None:
@@ -305,73 +305,6 @@ def show_local_clean(done: Sequence[Tuple[str, bool, str]], dry_run: bool, out: 
                    + ("" if dry_run else " (each leaves a tombstone)")))
     for run_id, why in gone:
         out.print(Text(f"  {run_id}: {why}", style="dim"))
-
-
-# -------------------------------------------------------------- sharing hosts (claims)
-
-
-def _clock(t: float) -> str:
-    if not t:
-        return "-"
-    fmt = "%H:%M:%S" if time.time() - t < 20 * 3600 else "%m-%d %H:%M"
-    return time.strftime(fmt, time.localtime(t))
-
-
-def claims_table(entries: Sequence["Holder"], title: str) -> Table:
-    """Who holds or waits for what, one row per claim or queue entry: host, user, run, state, since, from
-    which machine, slots, GPUs."""
-    table = Table(title=title, title_justify="left")
-    for col in ("host", "user", "run", "state", "since", "from", "slots", "GPUs"):
-        table.add_column(col)
-    for e in entries:
-        state = f"waiting #{e.position}" if e.kind == "queue" and e.position else (
-            "waiting" if e.kind == "queue" else e.state)
-        if not e.live:
-            state += " (stale)"
-        table.add_row(e.host, e.user, e.run, state, _clock(e.since), e.by or "-", str(e.slots), e.gpu_text())
-    return table
-
-
-def show_busy(exc, out: Console) -> None:
-    """launch's exit 5: the table of what holds (or waits ahead for) each busy host, then the one line."""
-    entries = [h for err in exc.failures.values() for h in getattr(err, "holders", ()) + getattr(err, "ahead", ())]
-    if entries:
-        out.print(claims_table(entries, "hosts busy: held by other runs (or others ahead in line)"))
-    head = str(exc).splitlines()[0]
-    out.print(Text(f"clusterrun: {head}", style="bold red"))
-    for line in str(exc).splitlines()[1:]:
-        out.print(Text(line, style="red" if not line.lstrip().startswith("(") else "dim"))
-
-
-def show_host_claims(listing, out: Console) -> None:
-    """`ps --hosts`: every claim and queue entry on the inventory's hosts, any user's; hosts not asked."""
-    hosts = [listing.results[name] for name in listing.names if name in listing.results]  # inventory order
-    entries = [e for hc in hosts for e in hc.entries]
-    free = [hc.host for hc in hosts if not any(e.live for e in hc.entries)]
-    asked = f"{len(listing.results)} host{'s' if len(listing.results) != 1 else ''}"
-    if entries:
-        out.print(claims_table(entries, f"claims on {asked}"))
-    elif listing.results:
-        out.print(Text(f"no claims and nobody waiting on {asked}"))
-    if free:
-        out.print(Text(f"free: {host_ranges(free)}", style="dim"))
-    for name, err in listing.failed.items():
-        out.print(Text(f"{name}: not asked: {err}", style="yellow"))
-
-
-def wait_line(status) -> str:
-    """A waiting launch's place on its hosts in one line, hosts that stand alike folded (node[0-3])."""
-    parts: Dict[str, list] = {}
-    for h in status.hosts:
-        if h.ready:
-            text = "free"
-        elif h.holders:
-            text = "held by " + ", ".join(f"{e.user}'s {e.run} ({e.state} since {_clock(e.since)}, from {e.by or '?'})"
-                                          for e in h.holders)
-        else:
-            text = f"#{h.position} in line, behind " + ", ".join(f"{e.user}'s {e.run}" for e in h.ahead)
-        parts.setdefault(text, []).append(h.host)
-    return f"waiting ({status.waited:.0f} s): " + "; ".join(f"{host_ranges(n)}: {t}" for t, n in parts.items())
 
 
 def show_pull(result: "PullResult", out: Console) -> None:

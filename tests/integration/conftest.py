@@ -112,35 +112,15 @@ def cluster():
     """The session's container cluster: a testcluster.Cluster (hosts, key_path, known_hosts_path,
     inventory_path, exec, ssh, crash/start, pause/unpause, partition/heal, block/unblock, restore,
     processes, orphans)."""
-    reason = docker_unavailable_reason()
-    if reason:
-        if _required():
-            pytest.fail(f"CLUSTERRUN_NO_SKIP=1 but the docker cluster cannot run: {reason}", pytrace=False)
-        pytest.skip(f"integration tests need the docker cluster: {reason}")
-
-    c = testcluster.Cluster(CLUSTER_NAME, hosts=CLUSTER_HOSTS, subnet=CLUSTER_SUBNET)
-    reused = c.healthy() and c.image_current()
-    keep = reused or os.environ.get("CLUSTERRUN_KEEP_CLUSTER", "") not in ("", "0")
-
-    # A CI runner's timeout sends SIGTERM: make it unwind like Ctrl-C so the teardown below runs.
+    # A CI runner's timeout sends SIGTERM: make it unwind like Ctrl-C so the teardown runs.
     old_term = signal.getsignal(signal.SIGTERM)
     if old_term is signal.SIG_DFL and threading_is_main():
         signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        if reused:
-            c.restore(deep=True)  # a previous session may have died in the middle of a fault
-        else:
-            t0 = time.monotonic()
-            c.up(timeout=120)
-            print(f"\ncluster {c.name} up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
-        yield c
+        yield from _session_cluster(testcluster.Cluster(CLUSTER_NAME, hosts=CLUSTER_HOSTS, subnet=CLUSTER_SUBNET))
     finally:
-        try:
-            if not keep:
-                c.down()
-        finally:
-            if old_term is signal.SIG_DFL and threading_is_main():
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if old_term is signal.SIG_DFL and threading_is_main():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def threading_is_main() -> bool:

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 
 TERMINAL = {"succeeded", "failed", "stopped", "timed-out", "interrupted"}
 RANK_END = {"succeeded", "failed", "stopped", "lost", "not-started"}
 FAST = {"connect": "3s", "command": "15s", "host_lost": "5s", "grace": "2s"}
 WORK = ["--steps", "100000", "--step-time", "0.1"]
-
-
-def wait_for(predicate, timeout=60.0, every=0.2, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def all_stepping(cr, run_id=None, ranks=4, step=2):

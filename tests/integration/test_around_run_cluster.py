@@ -4,13 +4,13 @@ from here (`forward`, job.ports), a word when it ends (`notify:`). One launch se
 import hashlib
 import json
 import signal
-import socket
 import threading
 import urllib.request
 
 import pytest
 
-from faultkit import FAST, wait_for
+from faultkit import FAST
+from support import free_port, listening, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -85,20 +85,6 @@ def test_pull_brings_outputs_back_incrementally_resumably_and_refuses_what_leads
         refused = cr.run("pull", run_id, *args, "--to", bad)
         assert refused.returncode == 2 and said in refused.stderr, (args, refused.stderr)
         assert not bad.exists()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def get(url):

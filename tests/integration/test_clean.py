@@ -8,22 +8,20 @@ import threading
 
 import pytest
 
-from faultkit import FAST, wait_for
+from clusterkit import JOBS
+from faultkit import FAST
+from support import wait_for, write_tree
 
 pytestmark = pytest.mark.integration
 
-JOBS = os.path.join(os.path.dirname(__file__), "jobs")
 WORK = "/home/cr/.clusterrun"
 
 
 def project(tmp_path, blob: bytes, name="p"):
     root = tmp_path / name
-    (root / "data").mkdir(parents=True, exist_ok=True)
-    (root / "worker.py").write_bytes(open(os.path.join(JOBS, "worker.py"), "rb").read())
-    for old in (root / "data").iterdir():
+    for old in (root / "data").glob("*"):  # the blob a new file (a new inode), not the old one rewritten
         old.unlink()
-    (root / "data" / "blob.bin").write_bytes(blob)
-    return root
+    return write_tree(root, {"worker.py": (JOBS / "worker.py").read_bytes(), "data/blob.bin": blob})
 
 
 def host_sh(cluster, host, script):
@@ -197,10 +195,8 @@ def test_a_full_disk_is_freed_by_clean_and_the_launch_then_succeeds(cr, cluster,
 def test_a_folder_the_job_made_unreadable_is_removed_too(cr, cluster, tmp_path):
     """Issue 21: as an ordinary user a folder of mode 000 made rmtree call its error handler with os.open,
     a TypeError that crashed `clean` (no JSON, the other runs kept, a .removing-* folder left for ever)."""
-    root = tmp_path / "locker"
-    root.mkdir()
-    (root / "lock.py").write_text("import os\nos.makedirs('out/deep')\nopen('out/deep/f', 'w').write('x')\n"
-                                  "os.chmod('out/deep', 0)\nos.chmod('out', 0)\n")
+    root = write_tree(tmp_path / "locker", {"lock.py": "import os\nos.makedirs('out/deep')\nopen('out/deep/f', 'w')"
+                                                       ".write('x')\nos.chmod('out/deep', 0)\nos.chmod('out', 0)\n"})
     inv = cr.inventory(hosts=1, job={"root": str(root), "script": "lock.py", "rank_flags": False},
                        top={"timeouts": FAST})
     for _ in range(2):

@@ -7,19 +7,17 @@ import time
 
 import pytest
 
-from faultkit import FAST, WORK, all_stepping, check_invariants, wait_for
+from clusterkit import JOBS
+from faultkit import FAST, WORK, all_stepping, check_invariants
+from support import wait_for, write_tree
 
 pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def big_project(tmp_path):
     """A job root with 40 MB that no host has seen, so that the push takes a while."""
-    root = tmp_path / "project"
-    (root / "data").mkdir(parents=True)
-    (root / "worker.py").write_bytes((__import__("pathlib").Path(__file__).parent / "jobs" / "worker.py").read_bytes())
-    for i in range(4):
-        (root / "data" / f"part{i}.bin").write_bytes(os.urandom(10 << 20))
-    return root
+    return write_tree(tmp_path / "project", {"worker.py": (JOBS / "worker.py").read_bytes(),
+                                             **{f"data/part{i}.bin": os.urandom(10 << 20) for i in range(4)}})
 
 
 def run_dir_on(cr, host, run_id):

@@ -7,19 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from faultkit import FAST, WORK, all_stepping, check_invariants, wait_for
+from clusterkit import JOBS
+from faultkit import FAST, WORK, all_stepping, check_invariants
+from support import wait_for, write_tree
 
 pytestmark = pytest.mark.integration
-JOBS = Path(__file__).parent / "jobs"
 
 
 def project(tmp_path, files):
-    root = tmp_path / "project"
-    (root / "data").mkdir(parents=True)
-    (root / "worker.py").write_bytes((JOBS / "worker.py").read_bytes())
-    for name, data in files.items():
-        (root / "data" / name).write_bytes(data)
-    return root
+    return write_tree(tmp_path / "project", {"worker.py": (JOBS / "worker.py").read_bytes(),
+                                             **{f"data/{name}": data for name, data in files.items()}})
 
 
 def small_disk_listing(cluster, host="node2"):
@@ -104,9 +101,7 @@ else:
 
 
 def test_a_flooding_rank_is_never_blocked_and_nothing_is_lost(cr, cluster, tmp_path):
-    root = tmp_path / "flood"
-    root.mkdir()
-    (root / "flood.py").write_text(FLOOD)
+    root = write_tree(tmp_path / "flood", {"flood.py": FLOOD})
     inv = cr.inventory(job={"root": str(root), "script": "flood.py", "args": []}, top={"timeouts": FAST})
     import subprocess
 

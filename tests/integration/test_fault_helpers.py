@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from support import poll
+
 pytestmark = pytest.mark.integration
 
 
@@ -86,7 +88,5 @@ def test_orphans_lists_what_a_test_leaves_behind_but_not_ssh_sessions(cluster, s
     assert [p.pid for p in found] == [pid] and found[0].args == "sleep 600"
     assert any(p.args.startswith("sshd: cr@") for p in cluster.processes(h))
     cluster.kill(h, [pid])
-    deadline = time.monotonic() + 3
-    while cluster.orphans() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    poll(lambda: cluster.orphans() == [], timeout=3, every=0.1)
     assert cluster.orphans() == []

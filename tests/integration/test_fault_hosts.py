@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from faultkit import FAST, WORK, all_stepping, check_invariants, wait_for
+from faultkit import FAST, WORK, all_stepping, check_invariants
+from support import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from faultkit import FAST, WORK, all_stepping, wait_for
+from faultkit import FAST, WORK, all_stepping
+from support import wait_for
 
 pytestmark = pytest.mark.integration
 HOSTS = ("node0", "node1", "node2", "node3")

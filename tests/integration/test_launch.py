@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from faultkit import wait_for
+from clusterkit import JOBS
+from support import wait_for, write_tree
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-JOBS = Path(__file__).resolve().parent / "jobs"
 
 
 def test_four_hosts_train_the_example_job_and_agree(cr, cluster):
@@ -37,10 +37,8 @@ def test_four_hosts_train_the_example_job_and_agree(cr, cluster):
 
 
 def test_an_unchanged_relaunch_pushes_nothing(cr, tmp_path):
-    root = tmp_path / "project"
-    (root / "data").mkdir(parents=True)
-    (root / "worker.py").write_bytes((JOBS / "worker.py").read_bytes())
-    (root / "data" / "blob.bin").write_bytes(os.urandom(2 << 20))  # content no host has seen
+    root = write_tree(tmp_path / "project", {"worker.py": (JOBS / "worker.py").read_bytes(),
+                                             "data/blob.bin": os.urandom(2 << 20)})  # content no host has seen
     inv = cr.inventory(job={"root": str(root), "args": ["--no-dist", "--steps", "1"], "sync": ["data/"]})
     first = cr.run("launch", inv)
     assert first.returncode == 0, first.stderr

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from faultkit import FAST, wait_for
+from faultkit import FAST
+from support import wait_for
 
 pytestmark = pytest.mark.integration
 

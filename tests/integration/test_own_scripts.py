@@ -12,7 +12,8 @@ import uuid
 
 import pytest
 
-from faultkit import FAST, wait_for
+from faultkit import FAST
+from support import wait_for, write_tree
 
 pytestmark = pytest.mark.integration
 
@@ -135,11 +136,9 @@ def test_torchrun_is_ended_with_all_its_workers(cr, cluster, how):
 
 
 def test_setup_runs_once_per_content_and_a_failing_setup_starts_nothing(cr, cluster, tmp_path):
-    root = tmp_path / "proj"
-    root.mkdir()
-    (root / "multinode.py").write_text((cr.jobs / "multinode.py").read_text())
-    (root / "requirements.txt").write_text("numpy\n")
-    (root / "token").write_text(uuid.uuid4().hex)  # content no earlier test run had: no cached setup
+    root = write_tree(tmp_path / "proj", {"multinode.py": (cr.jobs / "multinode.py").read_text(),
+                                          "requirements.txt": "numpy\n",
+                                          "token": uuid.uuid4().hex})  # content no earlier test run had: no cached setup
     for host in ("node0", "node1"):
         cluster.exec(host, ["rm", "-f", "/home/cr/setup-runs.txt"])
     setup = ["echo preparing $CLUSTERRUN_NODE_NAME with $CLUSTERRUN_PYTHON",

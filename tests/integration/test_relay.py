@@ -11,24 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from faultkit import wait_for
+from clusterkit import JOBS
+from support import wait_for, write_tree
 
 pytestmark = pytest.mark.integration
 
-JOBS = Path(__file__).resolve().parent / "jobs"
-
 
 def project(tmp_path: Path, data_mb: int = 3) -> Path:
-    root = tmp_path / "project"
-    (root / "data" / "sub").mkdir(parents=True)
-    (root / "worker.py").write_bytes((JOBS / "worker.py").read_bytes() + b"# %s\n" % os.urandom(8).hex().encode())
-    (root / "data" / "blob.bin").write_bytes(os.urandom(data_mb << 20))
-    for i in range(40):
-        (root / "data" / "sub" / f"f{i}.txt").write_bytes(os.urandom(100 + i))
-    (root / "data" / "twin.txt").write_bytes((root / "data" / "sub" / "f0.txt").read_bytes())  # same object twice
-    tool = root / "data" / "tool.sh"
-    tool.write_text("#!/bin/sh\necho %s\n" % os.urandom(8).hex())  # all content new to every host
-    tool.chmod(0o755)
+    sub = {f"data/sub/f{i}.txt": os.urandom(100 + i) for i in range(40)}
+    root = write_tree(tmp_path / "project", {
+        "worker.py": (JOBS / "worker.py").read_bytes() + b"# %s\n" % os.urandom(8).hex().encode(),
+        "data/blob.bin": os.urandom(data_mb << 20), **sub,
+        "data/twin.txt": sub["data/sub/f0.txt"],  # same object twice
+        "data/tool.sh": "#!/bin/sh\necho %s\n" % os.urandom(8).hex()})  # all content new to every host
+    (root / "data" / "tool.sh").chmod(0o755)
     return root
 
 

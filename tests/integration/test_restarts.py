@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from faultkit import FAST, all_stepping, wait_for
+from faultkit import FAST, all_stepping
+from support import wait_for
 
 pytestmark = pytest.mark.integration
 

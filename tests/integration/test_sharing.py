@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from clusterkit import CR
+from support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -90,15 +91,6 @@ def launch_detached(u, *args) -> str:
     return done.stdout.split()[-1]
 
 
-def wait_until(cond, timeout=60.0, what=""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_busy_host_names_its_holder_and_waiters_take_their_turns(cluster, second_user, tmp_path):
     a = user(cluster, tmp_path, "a", "cr")
     b = user(cluster, tmp_path, "b", second_user)
@@ -116,10 +108,10 @@ def test_a_busy_host_names_its_holder_and_waiters_take_their_turns(cluster, seco
             refused.stderr
 
         waiting_b = b.popen("launch", b.inv, "--wait", "--", *QUICK)
-        wait_until(lambda: any(e["kind"] == "queue" and e["user"] == second_user for e in claims(a)),
-                   what="b in line")
+        wait_for(lambda: any(e["kind"] == "queue" and e["user"] == second_user for e in claims(a)), every=0.3,
+                 what="b in line")
         waiting_c = c.popen("launch", c.inv, "--wait", "--", *QUICK)
-        wait_until(lambda: sum(e["kind"] == "queue" for e in claims(a)) == 2 * HOSTS, what="c in line")
+        wait_for(lambda: sum(e["kind"] == "queue" for e in claims(a)) == 2 * HOSTS, every=0.3, what="c in line")
         line = sorted((e["host"], e["position"], e["user"]) for e in claims(a) if e["kind"] == "queue")
         assert line == [(h.name, n, who) for h in cluster.hosts[:HOSTS] for n, who in ((1, second_user), (2, "cr"))]
         seen = b.run("top", b.inv, "--once", "--json", timeout=60)  # another user's view of the hosts

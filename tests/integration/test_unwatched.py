@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from faultkit import FAST, all_stepping, wait_for
+from faultkit import FAST, all_stepping
+from support import wait_for, write_tree
 
 pytestmark = pytest.mark.integration
 
@@ -161,9 +162,7 @@ raise RuntimeError("bad token " + secret.decode())
 
 
 def test_a_secret_appears_in_no_output_however_it_is_printed(cr, cluster, tmp_path):
-    root = tmp_path / "leaky"
-    root.mkdir()
-    (root / "leaky.py").write_text(LEAKY)
+    root = write_tree(tmp_path / "leaky", {"leaky.py": LEAKY})
     cr.env["SECRET_TOKEN"] = SECRET
     inv = cr.inventory(hosts=1, job={"root": str(root), "script": "leaky.py", "args": [], "rank_flags": False},
                        top={"timeouts": FAST, "secrets": ["SECRET_TOKEN"]})
@@ -194,12 +193,10 @@ def test_a_secret_shorter_than_4_characters_is_refused(cr):
 
 
 def test_a_job_that_rewrites_a_pushed_file_does_not_poison_the_next_launch(cr, cluster, tmp_path):
-    root = tmp_path / "poison"
-    root.mkdir()
-    (root / "data.txt").write_text(f"the original {tmp_path.name}\n")
-    (root / "job.py").write_text(
-        "import os\nprint('read:', open('data.txt').read().strip(), flush=True)\n"
-        "os.chmod('data.txt', 0o644)\nopen('data.txt', 'w').write('POISONED\\n')\n")
+    root = write_tree(tmp_path / "poison", {
+        "data.txt": f"the original {tmp_path.name}\n",
+        "job.py": "import os\nprint('read:', open('data.txt').read().strip(), flush=True)\n"
+                  "os.chmod('data.txt', 0o644)\nopen('data.txt', 'w').write('POISONED\\n')\n"})
     inv = cr.inventory(hosts=1, job={"root": str(root), "script": "job.py", "args": [], "rank_flags": False,
                                      "sync": ["data.txt"]}, top={"timeouts": FAST})
     first = cr.run("launch", inv)
@@ -225,9 +222,7 @@ time.sleep(600)
 
 
 def test_two_nodes_of_one_run_on_one_host_each_stop_with_their_grace(cr, cluster, tmp_path):
-    root = tmp_path / "graceful"
-    root.mkdir()
-    (root / "graceful.py").write_text(GRACEFUL)
+    root = write_tree(tmp_path / "graceful", {"graceful.py": GRACEFUL})
 
     def same_machine(hosts):
         hosts[:] = [{**hosts[0], "name": "a", "workdir": "~/.clusterrun-a"},

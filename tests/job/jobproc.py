@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,12 +32,6 @@ class RankRun:
     def describe(self) -> str:
         return (f"exit {self.returncode}\n--- stdout (tail)\n{self.stdout[-2000:]}"
                 f"\n--- stderr (tail)\n{self.stderr[-3000:]}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_env(**extra: str) -> dict[str, str]:

@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 
 import make_data  # noqa: E402  (conftest puts train_job/ on the path)
 from convnet import ConvNet  # noqa: E402
-from jobproc import RankRun, free_port, job_env, run_ranks, train_cmd  # noqa: E402
+from jobproc import RankRun, job_env, run_ranks, train_cmd  # noqa: E402
+from support import free_port  # noqa: E402
 from train import state_digest  # noqa: E402
 
 pytestmark = pytest.mark.job

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from support import alive, inventory_text, poll, write_tree
+
 pytestmark = pytest.mark.job
 torch = pytest.importorskip("torch")
 
@@ -37,30 +39,15 @@ JOB = textwrap.dedent("""\
 
 @pytest.fixture
 def project(tmp_path, cr_home):
-    (tmp_path / "job.py").write_text(JOB)
-    (tmp_path / "inv.yaml").write_text(textwrap.dedent(f"""\
-        version: 1
-        defaults: {{connection: local, workdir: {tmp_path}/work, env: {{OMP_NUM_THREADS: "1"}}}}
-        hosts: [{{name: here, slots: 2}}]
-        master: {{port: auto}}
-        job: {{script: job.py, timeout: 60s}}
-        timeouts: {{grace: 3s}}
-        """))
-    return tmp_path
+    return write_tree(tmp_path, {"job.py": JOB, "inv.yaml": inventory_text(
+        [{"name": "here", "slots": 2}], {"script": "job.py", "timeout": "60s"},
+        defaults={"connection": "local", "workdir": f"{tmp_path}/work", "env": {"OMP_NUM_THREADS": "1"}},
+        master={"port": "auto"}, timeouts={"grace": "3s"})})
 
 
 def rank_pids(project):
     run_dir = next((project / "work" / "runs").iterdir())
     return [int((run_dir / "job" / f"pid-{r}").read_text()) for r in range(2)]
-
-
-def gone(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().split(") ")[1][0] == "Z"
 
 
 def launch(project, *args, **kw):
@@ -83,7 +70,7 @@ def test_a_failing_rank_stops_the_other_and_exits_1(project):
     assert "[here r1] rank 1 fails on purpose" in done.stdout
     assert "Root cause (first observed failure)" in done.stderr
     assert "rank 1 on here: exit code 5" in done.stderr
-    assert all(gone(p) for p in rank_pids(project))
+    assert not any(alive(p) for p in rank_pids(project))
     assert took < 30
     ps = subprocess.run(CLI + ["ps", "--json"], capture_output=True, text=True, check=True)
     (run,) = json.loads(ps.stdout)
@@ -95,13 +82,9 @@ def test_ctrl_c_stops_every_rank_and_exits_130(project):
     proc = subprocess.Popen(CLI + ["launch", str(project / "inv.yaml"), "--", "--hang"], cwd=project,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            runs = project / "work" / "runs"
-            if runs.exists() and any(runs.iterdir()) and all(
-                    (next(runs.iterdir()) / "job" / f"pid-{r}").exists() for r in range(2)):
-                break
-            time.sleep(0.2)
+        runs = project / "work" / "runs"
+        poll(lambda: runs.exists() and any(runs.iterdir()) and all(
+            (next(runs.iterdir()) / "job" / f"pid-{r}").exists() for r in range(2)), timeout=60, every=0.2)
         pids = rank_pids(project)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
@@ -110,7 +93,7 @@ def test_ctrl_c_stops_every_rank_and_exits_130(project):
             proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    assert all(gone(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_detach_then_logs_ps_and_stop(project):
@@ -129,7 +112,7 @@ def test_detach_then_logs_ps_and_stop(project):
     pids = rank_pids(project)
     stop = subprocess.run(CLI + ["stop", "latest", "--grace", "1"], capture_output=True, text=True, timeout=60)
     assert stop.returncode == 0, stop.stderr
-    assert all(gone(p) for p in pids)
+    assert not any(alive(p) for p in pids)
     ps = json.loads(subprocess.run(CLI + ["ps", "--json"], capture_output=True, text=True).stdout)
     assert ps[0]["state"] == "stopped"
     again = subprocess.run(CLI + ["stop", run_id], capture_output=True, text=True, timeout=60)
@@ -171,17 +154,11 @@ TORCHRUN_STYLE = textwrap.dedent("""\
 def test_two_nodes_on_one_machine_run_a_torchrun_style_script(tmp_path, cr_home, launcher):
     """Two inventory entries for this one machine (people try multi-node like this), a script that
     takes its rank from the environment and has strict argparse."""
-    (tmp_path / "mn.py").write_text(TORCHRUN_STYLE)
-    (tmp_path / "inv.yaml").write_text(textwrap.dedent(f"""\
-        version: 1
-        defaults: {{connection: local, slots: 2, env: {{OMP_NUM_THREADS: "1"}}}}
-        hosts:
-          - {{name: left, workdir: {tmp_path}/left}}
-          - {{name: right, workdir: {tmp_path}/right}}
-        master: {{port: auto}}
-        job: {{script: mn.py, args: ["3", "--batch_size", "8"], launcher: {launcher}, rank_flags: false}}
-        timeouts: {{grace: 3s}}
-        """))
+    write_tree(tmp_path, {"mn.py": TORCHRUN_STYLE, "inv.yaml": inventory_text(
+        [{"name": "left", "workdir": f"{tmp_path}/left"}, {"name": "right", "workdir": f"{tmp_path}/right"}],
+        {"script": "mn.py", "args": ["3", "--batch_size", "8"], "launcher": launcher, "rank_flags": False},
+        defaults={"connection": "local", "slots": 2, "env": {"OMP_NUM_THREADS": "1"}},
+        master={"port": "auto"}, timeouts={"grace": "3s"})})
     done = subprocess.run(CLI + ["launch", str(tmp_path / "inv.yaml")], capture_output=True, text=True,
                           timeout=180, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -199,16 +176,12 @@ def test_two_nodes_on_one_machine_run_a_torchrun_style_script(tmp_path, cr_home,
 def test_a_torchrun_workers_traceback_leaves_no_secret_on_the_host(tmp_path, cr_home, monkeypatch):
     """Issue 21: under torchrun, workers/rank-R.result and torch's error file kept the failing worker's
     traceback unmasked. After the run, no file of the run folder (but the pushed job) holds the value."""
-    (tmp_path / "leak.py").write_text("import os\nraise RuntimeError('cannot log in with ' + os.environ['API_TOKEN'])\n")
-    (tmp_path / "inv.yaml").write_text(textwrap.dedent(f"""\
-        version: 1
-        defaults: {{connection: local, env: {{OMP_NUM_THREADS: "1"}}}}
-        hosts: [{{name: here, slots: 1, workdir: {tmp_path}/work}}]
-        master: {{port: auto}}
-        secrets: [API_TOKEN]
-        job: {{script: leak.py, launcher: torchrun, rank_flags: false}}
-        timeouts: {{grace: 3s}}
-        """))
+    write_tree(tmp_path, {
+        "leak.py": "import os\nraise RuntimeError('cannot log in with ' + os.environ['API_TOKEN'])\n",
+        "inv.yaml": inventory_text([{"name": "here", "slots": 1, "workdir": f"{tmp_path}/work"}],
+                                   {"script": "leak.py", "launcher": "torchrun", "rank_flags": False},
+                                   defaults={"connection": "local", "env": {"OMP_NUM_THREADS": "1"}}, master={"port": "auto"},
+                                   secrets=["API_TOKEN"], timeouts={"grace": "3s"})})
     secret = "tok-" + os.urandom(6).hex()
     monkeypatch.setenv("API_TOKEN", secret)
     done = subprocess.run(CLI + ["launch", str(tmp_path / "inv.yaml")], capture_output=True, text=True,

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from support import inventory_text, write_tree
+
 pytestmark = pytest.mark.job
 torch = pytest.importorskip("torch")
 
@@ -38,21 +40,15 @@ JOB = textwrap.dedent("""\
 
 
 def write_inventory(tmp_path, restarts=2, delay="0.5s"):
-    (tmp_path / "inv.yaml").write_text(textwrap.dedent(f"""\
-        version: 1
-        defaults: {{connection: local, env: {{OMP_NUM_THREADS: "1"}}}}
-        hosts:
-          - {{name: a, workdir: {tmp_path}/wa}}
-          - {{name: b, workdir: {tmp_path}/wb}}
-        master: {{port: auto}}
-        job: {{script: job.py, timeout: 60s, restarts: {restarts}, restart_delay: {delay}}}
-        timeouts: {{grace: 2s}}
-        """))
+    write_tree(tmp_path, {"inv.yaml": inventory_text(
+        [{"name": "a", "workdir": f"{tmp_path}/wa"}, {"name": "b", "workdir": f"{tmp_path}/wb"}],
+        {"script": "job.py", "timeout": "60s", "restarts": restarts, "restart_delay": delay},
+        defaults={"connection": "local", "env": {"OMP_NUM_THREADS": "1"}}, master={"port": "auto"}, timeouts={"grace": "2s"})})
 
 
 @pytest.fixture
 def project(tmp_path, cr_home):
-    (tmp_path / "job.py").write_text(JOB)
+    write_tree(tmp_path, {"job.py": JOB})
     write_inventory(tmp_path)
     return tmp_path
 

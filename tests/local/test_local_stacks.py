@@ -10,6 +10,9 @@ import textwrap
 import time
 
 import pytest
+import yaml
+
+from support import inventory_text, wait_for, write_tree
 
 pytestmark = pytest.mark.job
 torch = pytest.importorskip("torch")
@@ -43,28 +46,18 @@ BODY = textwrap.dedent("""\
 
 
 def launch(tmp_path, job):
-    (tmp_path / "stalls.py").write_text(BODY)
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "__init__.py").write_text("")
-    (tmp_path / "pkg" / "stalls.py").write_text(BODY)
-    (tmp_path / "inv.yaml").write_text(textwrap.dedent(f"""\
-        version: 1
-        defaults: {{connection: local, env: {{OMP_NUM_THREADS: "1"}}}}
-        hosts: [{{name: here, slots: 2, workdir: {tmp_path}/work}}]
-        master: {{port: auto}}
-        job: {{{job}, rank_flags: false, sync: [pkg/], timeout: 60s}}
-        timeouts: {{grace: 2s}}
-        """))
+    job = {**yaml.safe_load(f"{{{job}}}"), "rank_flags": False, "sync": ["pkg/"], "timeout": "60s"}
+    write_tree(tmp_path, {"stalls.py": BODY, "pkg/__init__.py": "", "pkg/stalls.py": BODY, "inv.yaml": inventory_text(
+        [{"name": "here", "slots": 2, "workdir": f"{tmp_path}/work"}], job, defaults={"connection": "local", "env": {"OMP_NUM_THREADS": "1"}},
+        master={"port": "auto"}, timeouts={"grace": "2s"})})
     done = subprocess.run(CLI + ["launch", "--detach", str(tmp_path / "inv.yaml")], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+    def placed():
         logs = subprocess.run(CLI + ["logs"], capture_output=True, text=True, timeout=60).stdout
-        if "rank 1 loading" in logs and "rank 0 in all_reduce" in logs:
-            return
-        time.sleep(0.3)
-    raise AssertionError("the ranks never got to their places")
+        return "rank 1 loading" in logs and "rank 0 in all_reduce" in logs
+
+    wait_for(placed, timeout=90, every=0.3, what="the ranks to get to their places")
 
 
 def stacks(via):

@@ -5,6 +5,7 @@ import sys
 
 from clusterrun.config.inventory import DEFAULT_EXCLUDES, Host, Job
 from clusterrun.hosts.manifest import HashCache, build_manifest
+from support import write_tree
 
 
 def make_host(workdir):
@@ -14,10 +15,7 @@ def make_host(workdir):
 
 
 def project(tmp_path, files):
-    root = tmp_path / "proj"
-    for rel, content in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(content)
+    root = write_tree(tmp_path / "proj", files)
     job = Job(root=str(root), script="job.py", args=(), sync=tuple(k for k in files if k != "job.py"),
               exclude=DEFAULT_EXCLUDES, init_method="env", backend="gloo", timeout_s=60, time_limit_s=None,
               shared_dir=None)

@@ -12,12 +12,16 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import urllib.request
+from functools import partial
 
 import pytest
 
+import support
+from support import free_port, inventory_text, listening, write_tree
+
 CLI = [sys.executable, "-m", "clusterrun"]
+wait_for = partial(support.wait_for, timeout=15.0, every=0.05)  # this module's pace: local processes
 
 JOB = textwrap.dedent("""\
     import argparse, functools, http.server, os, sys, time
@@ -52,22 +56,15 @@ JOB = textwrap.dedent("""\
 @pytest.fixture
 def project(tmp_path, cr_home, monkeypatch):
     monkeypatch.setenv("CLUSTERRUN_NO_RETENTION", "1")
-    (tmp_path / "job.py").write_text(JOB)
-    return tmp_path
+    return write_tree(tmp_path, {"job.py": JOB})
 
 
-def inventory(project, name="inv.yaml", job=None, top=""):
+def inventory(project, name="inv.yaml", job=None, top=None):
     job = {"script": "job.py", "timeout": "60s", **(job or {})}
-    (project / name).write_text(textwrap.dedent(f"""\
-        version: 1
-        defaults: {{connection: local}}
-        hosts:
-          - {{name: here0, workdir: {project}/w0}}
-          - {{name: here1, workdir: {project}/w1}}
-        master: {{port: auto}}
-        job: {json.dumps(job)}
-        timeouts: {{grace: 3s, notify: 2s}}
-        """) + top)
+    write_tree(project, {name: inventory_text(
+        [{"name": "here0", "workdir": f"{project}/w0"}, {"name": "here1", "workdir": f"{project}/w1"}], job,
+        defaults={"connection": "local"}, master={"port": "auto"}, timeouts={"grace": "3s", "notify": "2s"},
+        **(top or {}))})
     return project / name
 
 
@@ -139,7 +136,7 @@ def test_pull_brings_outputs_back_incrementally_per_host_and_refuses_what_leads_
 def test_a_cut_pull_resumes_from_its_part_file_and_never_leaves_half_a_file(project, cr_home):
     from clusterrun.config.inventory import Timeouts
     from clusterrun.hosts.client import make_connect
-    from clusterrun.registry.pull import pull_run
+    from clusterrun.runs.pull import pull_run
     from clusterrun.registry.store import RunStore
 
     assert cli("launch", inventory(project)).returncode == 0
@@ -165,29 +162,6 @@ def test_a_cut_pull_resumes_from_its_part_file_and_never_leaves_half_a_file(proj
     fresh = pull_run(store, run_id, make_connect(Timeouts()), paths=["outputs/model.pt"], to=str(to))
     assert (fresh.hosts[0].resumed, fresh.hosts[0].received) == (0, 3 << 20)
     assert sha(to / "outputs" / "model.pt") == sha(host_file(project, run_id, "outputs/model.pt"))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(cond, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
-def listening(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_forward_serves_several_connections_and_ends_on_ctrl_c_or_the_runs_end(project):
@@ -245,13 +219,10 @@ def test_forward_serves_several_connections_and_ends_on_ctrl_c_or_the_runs_end(p
 def test_notify_runs_on_rank_0s_host_with_the_end_and_a_failing_or_hanging_one_changes_nothing(project, monkeypatch):
     monkeypatch.setenv("HOOK_TOKEN", "tok-3141592653")
     said = project / "said.txt"
-    top = textwrap.dedent(f"""\
-        secrets: [HOOK_TOKEN]
-        notify:
-          - 'echo "$CLUSTERRUN_RUN_ID $CLUSTERRUN_STATE $CLUSTERRUN_EXIT_CODE [$CLUSTERRUN_REASON] $HOOK_TOKEN" >> {said}'
-          - 'echo "token $HOOK_TOKEN"; exit 3'
-          - 'sleep 60'
-        """)
+    top = {"secrets": ["HOOK_TOKEN"],
+           "notify": [f'echo "$CLUSTERRUN_RUN_ID $CLUSTERRUN_STATE $CLUSTERRUN_EXIT_CODE [$CLUSTERRUN_REASON] $HOOK_TOKEN" >> {said}',
+                      'echo "token $HOOK_TOKEN"; exit 3',
+                      'sleep 60']}
     ok = cli("launch", "--detach", inventory(project, job={"args": ["--sleep", "0.5"]}, top=top))
     assert ok.returncode == 0, ok.stderr
     run_id = ok.stdout.strip()
@@ -273,7 +244,9 @@ def test_notify_runs_on_rank_0s_host_with_the_end_and_a_failing_or_hanging_one_c
 
 def test_port_specs_and_what_the_url_line_says():
     from clusterrun.errors import UsageError
-    from clusterrun.hosts.forward import PortSpec, banner, parse_spec
+    from clusterrun.cli.pull import parse_spec
+    from clusterrun.transport.forward import PortSpec
+    from clusterrun.ui.ports import banner
 
     assert parse_spec("6006") == PortSpec(6006, 6006)
     assert parse_spec("6006:16006") == PortSpec(6006, 16006)

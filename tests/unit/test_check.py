@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from clusterrun.check.doctor import ListenerSeen, Observed, evaluate, run_checks
-from clusterrun.check.net import connect_result, iface_result, shared_result
+from clusterrun.check.net_rules import connect_result, iface_result, shared_result
 from clusterrun.hosts.probe import Listener, ProbeAnswer, run_probe
 from clusterrun.ui.checks import render_checks
 from clusterrun.check.rules import (CHECKS, CheckResult, HostReport, Report, clock_result, clock_skew, cuda_result,
@@ -22,6 +22,7 @@ from clusterrun.errors import AuthError, ConnectError, HostKeyChanged, HostKeyUn
 from clusterrun.config.inventory import Host, parse_inventory
 from clusterrun.launch.preflight import preflight, preflight_error
 from clusterrun.transport.local import LocalTransport
+from support import inventory_text, write_tree
 
 # ------------------------------------------------------------------ versions across hosts
 
@@ -445,22 +446,14 @@ FAKE_TORCH = {
 
 def test_check_a_local_inventory_end_to_end(tmp_path, busy_port):
     """Two local hosts (one machine): a fake torch handed in through env:, file init in a tmp folder."""
-    fake = tmp_path / "fake"
-    for rel, text in FAKE_TORCH.items():
-        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
-        (fake / rel).write_text(textwrap.dedent(text))
-    (tmp_path / "job.py").write_text("print(1)\n")
+    fake = write_tree(tmp_path / "fake", {rel: textwrap.dedent(text) for rel, text in FAKE_TORCH.items()})
+    write_tree(tmp_path, {"job.py": "print(1)\n"})
     (tmp_path / "shared").mkdir()
-    inv = parse_inventory(textwrap.dedent(f"""
-        version: 1
-        defaults: {{connection: local, env: {{PYTHONPATH: "{fake}"}}}}
-        hosts:
-          - {{name: a, workdir: {tmp_path}/wa}}
-          - {{name: b, workdir: {tmp_path}/wb}}
-        master: {{port: auto}}
-        job: {{script: job.py, init_method: file, shared_dir: {tmp_path}/shared}}
-        timeouts: {{command: 20s}}
-    """), str(tmp_path / "inv.yaml"))
+    inv = parse_inventory(inventory_text(
+        [{"name": "a", "workdir": f"{tmp_path}/wa"}, {"name": "b", "workdir": f"{tmp_path}/wb"}],
+        {"script": "job.py", "init_method": "file", "shared_dir": f"{tmp_path}/shared"},
+        defaults={"connection": "local", "env": {"PYTHONPATH": str(fake)}}, master={"port": "auto"},
+        timeouts={"command": "20s"}), str(tmp_path / "inv.yaml"))
     report = run_checks(inv)
     assert report.ok, [(h.host, r) for h in report.hosts for r in h.results if r.status == "fail"]
     a, b = report.hosts

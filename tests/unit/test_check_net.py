@@ -8,8 +8,9 @@ import threading
 import pytest
 
 from clusterrun.check.links import judged, pair_links, rounds
-from clusterrun.check.net import addr_result, dns_result, iface_result, mtu_results, used_interface
+from clusterrun.check.net_rules import addr_result, dns_result, iface_result, mtu_results, used_interface
 from clusterrun.remote.host.net import bandwidth
+from support import inventory_text, write_tree
 
 CHOICE = {"dest": "10.0.0.10", "ifname": "eth1", "why": "eth1 carries the route 10.0.0.0/24 to 10.0.0.10", "mtu": 1500,
           "interfaces": [{"name": "lo", "addrs": ["127.0.0.1"], "mtu": 65536, "up": True},
@@ -81,6 +82,23 @@ def test_mtus_must_agree_on_the_interfaces_the_ranks_use():
     assert notes == ["MTU differs between hosts: 1500 on n0, n1; 9000 on n2"]
     assert used_interface(NET, "none", {}, "gloo") == ("eth1", 1500)  # none: where the kernel sends
     assert used_interface(NET, "auto", {"NCCL_SOCKET_IFNAME": "eth0"}, "nccl") == ("eth0", 1500)
+
+
+def test_check_and_a_launch_derive_the_ranks_interface_alike():
+    """One derivation (plan.chosen_interface): what check says the ranks use is what a launch gives them."""
+    from dataclasses import replace
+
+    from hostkit import make_host
+
+    from clusterrun.plan import net_choice
+
+    for mode in ("auto", "eth0", "eth1", "none"):
+        choice = net_choice(replace(make_host("/w"), ifname=mode), CHOICE, "10.0.0.10")
+        used = used_interface(NET, mode, {}, "gloo")
+        assert used == ((choice.ifname, choice.mtu) if choice.ifname else ("eth1", 1500)), mode
+    found_none = net_choice(replace(make_host("/w"), ifname="auto"), {**CHOICE, "ifname": None}, "10.0.0.10")
+    assert found_none.ifname is None and used_interface({**NET, "choice": {**CHOICE, "ifname": None}}, "auto", {},
+                                                        "gloo") == ("eth1", 1500)  # torch's pick: the route's
 
 
 # ------------------------------------------------------------------ check --net
@@ -170,6 +188,10 @@ def test_the_sockets_are_bound_to_the_hosts_address():
         bandwidth.Bench({"token": "x", "addr": "203.0.113.77"})
 
 
+def three_local(tmp_path):
+    return [{"name": f"h{i}", "connection": "local", "workdir": f"{tmp_path}/w{i}"} for i in range(3)]
+
+
 def test_check_net_on_three_local_hosts_through_the_cli(tmp_path, capsys, monkeypatch):
     """The whole path: the host programs started over the local transport, rounds, the matrix, JSON, the
     table."""
@@ -177,9 +199,7 @@ def test_check_net_on_three_local_hosts_through_the_cli(tmp_path, capsys, monkey
 
     from clusterrun.cli import run
 
-    (tmp_path / "job.py").write_text("print(1)\n")
-    hosts = "\n".join(f"  - {{name: h{i}, connection: local, workdir: {tmp_path}/w{i}}}" for i in range(3))
-    (tmp_path / "inv.yaml").write_text(f"version: 1\nhosts:\n{hosts}\njob: {{script: job.py}}\n")
+    write_tree(tmp_path, {"job.py": "print(1)\n", "inv.yaml": inventory_text(three_local(tmp_path), {"script": "job.py"})})
     assert run(["check", str(tmp_path / "inv.yaml"), "--net", "--mb", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["rounds"] == 2 and report["hosts"] == ["h0", "h1", "h2"]
@@ -200,9 +220,8 @@ def test_a_host_that_cannot_be_reached_is_named_and_the_rest_is_measured(tmp_pat
     from clusterrun.errors import ConnectError
     from clusterrun.hosts.client import make_connect
 
-    (tmp_path / "job.py").write_text("print(1)\n")
-    hosts = "\n".join(f"  - {{name: h{i}, connection: local, workdir: {tmp_path}/w{i}}}" for i in range(3))
-    inv = parse_inventory(f"version: 1\nhosts:\n{hosts}\njob: {{script: job.py}}\n", str(tmp_path / "inv.yaml"))
+    write_tree(tmp_path, {"job.py": "print(1)\n"})
+    inv = parse_inventory(inventory_text(three_local(tmp_path), {"script": "job.py"}), str(tmp_path / "inv.yaml"))
     local = make_connect(inv.timeouts)
 
     def connect(host):

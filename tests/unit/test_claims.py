@@ -44,6 +44,11 @@ def req(run="mine", slots=1, gpus=None, ticket=5.0, node="n0", count=None):
 HOST4 = G.parse(NVIDIA_SMI_4)
 
 
+def runs(verdict):
+    """A verdict with each entry in it (holders, ahead) named by its run: every value, in one comparison."""
+    return {k: [e["run"] for e in v] if k in ("holders", "ahead") else v for k, v in verdict.items()}
+
+
 # -------------------------------------------------------------- the rule
 
 
@@ -55,18 +60,18 @@ def test_a_free_host_grants_and_a_full_one_names_who_holds_it():
 
 
 def test_slots_add_up_to_the_capacity_and_a_big_run_may_have_an_empty_host():
-    assert "granted" in judge(req(slots=1), [entry(slots=1)], [], capacity=2)
-    assert "blocked" in judge(req(slots=2), [entry(slots=1)], [], capacity=2)
-    assert "granted" in judge(req(slots=8), [], [], capacity=2)  # alone, larger than the host: it runs
+    assert judge(req(slots=1), [entry(slots=1)], [], capacity=2) == {"granted": []}
+    assert runs(judge(req(slots=2), [entry(slots=1)], [], capacity=2)) == {"blocked": True, "holders": ['other'], "ahead": [], "position": 1, "retry": False}
+    assert judge(req(slots=8), [], [], capacity=2) == {"granted": []}  # alone, larger than the host: it runs
 
 
 def test_stale_entries_count_for_nothing():
-    assert "granted" in judge(req(slots=2), [entry(slots=2, live=False)], [], capacity=2)
+    assert judge(req(slots=2), [entry(slots=2, live=False)], [], capacity=2) == {"granted": []}
 
 
 def test_the_runs_own_entries_never_block_it():
     mine = entry(run="mine", uid=ME, slots=2, state="kept")
-    assert "granted" in judge(req(slots=2), [mine], [], capacity=2)
+    assert judge(req(slots=2), [mine], [], capacity=2) == {"granted": []}
 
 
 def test_an_earlier_waiter_comes_first_a_later_one_does_not():
@@ -75,7 +80,7 @@ def test_an_earlier_waiter_comes_first_a_later_one_does_not():
     verdict = judge(req(slots=2, ticket=5.0), [earlier], [], capacity=2)
     assert verdict["blocked"] and [a["run"] for a in verdict["ahead"]] == ["early"]
     assert verdict["position"] == 2
-    assert "granted" in judge(req(slots=2, ticket=5.0), [later], [], capacity=2)
+    assert judge(req(slots=2, ticket=5.0), [later], [], capacity=2) == {"granted": []}
 
 
 def test_an_earlier_waiter_that_could_not_use_what_is_taken_does_not_hold_it_up():
@@ -106,7 +111,7 @@ def test_gpus_auto_takes_free_idle_ones_lowest_first_in_index_order():
 
 def test_gpus_named_must_be_free_and_exist():
     assert judge(req(slots=2, gpus=[2, 3]), [entry(gpus=[0, 1])], HOST4, capacity=64) == {"granted": [2, 3]}
-    assert "blocked" in judge(req(slots=2, gpus=[1, 2]), [entry(gpus=[0, 1])], HOST4, capacity=64)
+    assert runs(judge(req(slots=2, gpus=[1, 2]), [entry(gpus=[0, 1])], HOST4, capacity=64)) == {"blocked": True, "holders": ['other'], "ahead": [], "position": 1, "retry": False}
     assert "no GPU 7" in judge(req(slots=1, gpus=[7]), [], HOST4, capacity=64)["error"]
     # a pool larger than the ranks: the free ones of it
     assert judge(req(slots=2, gpus=[0, 1, 2, 3]), [entry(gpus=[0])], HOST4, capacity=64) == {"granted": [2, 3]}
@@ -154,7 +159,7 @@ def conf(tmp_path, run, slots=1, capacity=1, ticket=None, **extra):
 
 def test_the_folder_is_made_sticky_and_world_writable_and_entries_are_readable_by_all(tmp_path):
     a = Claims(conf(tmp_path, "r1"))
-    assert "granted" in a.admit()
+    assert a.admit() == {"granted": []}
     folder = tmp_path / "claims"
     assert stat.S_IMODE(folder.stat().st_mode) == 0o1777
     (path,) = folder.glob("*.claim")
@@ -188,12 +193,12 @@ def test_a_dead_owners_claim_is_stale_ignored_and_removed(tmp_path):
         holder = Claims(conf(tmp_path, "r1"))
         holder.admit()
         holder.set_claim("running", pid=child.pid, ticks=start_ticks(child.pid))
-        assert "blocked" in Claims(conf(tmp_path, "r2")).admit(take=False)
+        assert runs(Claims(conf(tmp_path, "r2")).admit(take=False)) == {"blocked": True, "holders": ['r1'], "ahead": [], "position": 1, "retry": False}
     finally:
         child.kill()
         child.wait()
     assert exists(child.pid, None) is False
-    assert "granted" in Claims(conf(tmp_path, "r2")).admit()
+    assert Claims(conf(tmp_path, "r2")).admit() == {"granted": []}
     assert not (tmp_path / "claims" / f"{ME}-r1-n0.claim").exists()  # ours: removed by the next check
 
 
@@ -201,7 +206,7 @@ def test_a_reused_pid_does_not_keep_a_claim_alive(tmp_path):
     holder = Claims(conf(tmp_path, "r1"))
     holder.admit()
     holder.set_claim("running", ticks=start_ticks(os.getpid()) + 1)  # same pid, another start time
-    assert "granted" in Claims(conf(tmp_path, "r2")).admit()
+    assert Claims(conf(tmp_path, "r2")).admit() == {"granted": []}
 
 
 def test_a_claim_kept_for_the_next_attempt_holds_until_its_time(tmp_path):
@@ -210,9 +215,9 @@ def test_a_claim_kept_for_the_next_attempt_holds_until_its_time(tmp_path):
     holder = Claims(conf(tmp_path, "r1"))
     holder.admit()
     holder.set_claim("kept", pid=child.pid, ticks=123, keep_until=time.time() + 30)
-    assert "blocked" in Claims(conf(tmp_path, "r2")).admit(take=False)
+    assert runs(Claims(conf(tmp_path, "r2")).admit(take=False)) == {"blocked": True, "holders": ['r1'], "ahead": [], "position": 1, "retry": False}
     holder.set_claim("kept", pid=child.pid, ticks=123, keep_until=time.time() - 1)
-    assert "granted" in Claims(conf(tmp_path, "r2")).admit(take=False)
+    assert Claims(conf(tmp_path, "r2")).admit(take=False) == {"granted": []}
 
 
 def test_queueing_keeps_the_place_in_line(tmp_path):
@@ -224,8 +229,8 @@ def test_queueing_keeps_the_place_in_line(tmp_path):
     assert b.admit(queue=True)["position"] == 1
     assert c.admit(queue=True)["position"] == 2
     Claims(conf(tmp_path, "holder")).release()
-    assert "blocked" in c.admit(take=False)  # b is ahead of it
-    assert "granted" in b.admit()
+    assert runs(c.admit(take=False)) == {"blocked": True, "holders": [], "ahead": ['b'], "position": 2, "retry": False}  # b is ahead of it
+    assert b.admit() == {"granted": []}
     b.set_claim("held")
     b.dequeue()
     assert c.admit(take=False)["holders"][0]["run"] == "b"
@@ -239,7 +244,7 @@ conf = json.loads(sys.argv[1])
 while time.time() < conf["at"]:
     pass
 verdict = Claims(conf).admit()
-print("granted" if "granted" in verdict else "blocked", flush=True)
+print(*verdict.keys() & {{"granted", "blocked", "error"}}, flush=True)
 time.sleep(1.5)
 """
 
@@ -262,19 +267,20 @@ def test_top_of_an_inventory_shows_every_users_live_claims_and_who_waits(tmp_pat
     and the hosts table names the holder, its slots and GPUs, and the waiters in line."""
     from rich.console import Console
 
-    from clusterrun.registry.live import TopTarget, top_view
+    from clusterrun.runs.samples import Sample
+    from clusterrun.runs.top import TopTarget, top_view
     from clusterrun.remote.host.observe.samples import Sampler
     from clusterrun.ui.observe import top_renderable
 
     holder = Claims(conf(tmp_path, "r1", slots=2, capacity=2, gpus=[0, 1]))
-    assert "granted" in holder.admit()
+    assert holder.admit() == {"granted": [0, 1]}
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     dead = Claims(conf(tmp_path, "gone", slots=0, capacity=2))
     dead.admit()
     dead.set_claim("running", pid=child.pid, ticks=None)
     waiter = Claims(conf(tmp_path, "r2", ticket=time.time() + 1))
-    assert "blocked" in waiter.admit(take=False)
+    assert runs(waiter.admit(take=False)) == {"blocked": True, "holders": ['r1'], "ahead": [], "position": 1, "retry": False}
     waiter.enqueue()
 
     sample = Sampler(str(tmp_path / "w"), None, str(tmp_path / "claims")).take()
@@ -284,7 +290,7 @@ def test_top_of_an_inventory_shows_every_users_live_claims_and_who_waits(tmp_pat
     class H:
         name = "n0"
 
-    view = top_view("", [TopTarget(H(), "-", str(tmp_path / "claims"))], {"n0": sample})
+    view = top_view("", [TopTarget(H(), "-", str(tmp_path / "claims"))], {"n0": Sample.from_wire("n0", sample)})
     assert [e["run"] for e in view.to_json()["hosts"][0]["claims"]] == [e["run"] for e in sample["claims"]]
     out = Console(width=200, record=True)
     out.print(top_renderable(view))

@@ -11,22 +11,17 @@ from clusterrun.cli import run as cli
 from clusterrun.registry.store import RunStore
 from clusterrun.remote.host.procs import start_ticks
 from clusterrun.remote.host.share.claims import Claims
+from support import inventory_text, write_tree
 
 
 def inventory(tmp_path, slots=1):
     """Two "hosts" on this machine, each with a claims folder of its own (as two machines have)."""
-    (tmp_path / "job.py").write_text("print('hi')\n")
-    text = f"""version: 1
-defaults: {{connection: local, python: {sys.executable}}}
-hosts:
-  - {{name: here0, workdir: {tmp_path / 'w0'}, claims: {{dir: {tmp_path / 'claims0'}, slots: {slots}}}}}
-  - {{name: here1, workdir: {tmp_path / 'w1'}, claims: {{dir: {tmp_path / 'claims1'}, slots: {slots}}}}}
-job: {{script: job.py}}
-timeouts: {{command: 20s}}
-"""
-    path = tmp_path / "inv.yaml"
-    path.write_text(text)
-    return path, str(tmp_path / "claims0")
+    write_tree(tmp_path, {"job.py": "print('hi')\n", "inv.yaml": inventory_text(
+        [{"name": f"here{i}", "workdir": str(tmp_path / f"w{i}"), "claims": {"dir": str(tmp_path / f"claims{i}"),
+                                                                           "slots": slots}} for i in range(2)],
+        {"script": "job.py"}, defaults={"connection": "local", "python": sys.executable},
+        timeouts={"command": "20s"})})
+    return tmp_path / "inv.yaml", str(tmp_path / "claims0")
 
 
 def hold(folder, run, node="here0", state="running", ticket=None, kind="claim"):

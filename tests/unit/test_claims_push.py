@@ -9,16 +9,18 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
 from clusterrun.config.inventory import Timeouts
 from clusterrun.errors import ClaimDropped, HostBusy
-from clusterrun.hosts.claims import ClaimGroup
 from clusterrun.hosts.client import HostClient
+from clusterrun.launch.claiming import ClaimGroup
 from clusterrun.remote.host.procs import start_ticks
 from clusterrun.remote.host.share.claims import Claims
 from clusterrun.transport.local import LocalTransport
+import support
 from hostkit import make_host, project, spec
 
 
@@ -38,7 +40,7 @@ def request(folder, run, node, *, slots=1, wait=False, detach=False, ticket=None
 def hold(folder, run="theirs", pid=None):
     """Another run's claim on the whole host, owned by pid (default: this test process)."""
     c = Claims(request(folder, run, "x"))
-    assert "granted" in c.admit()
+    assert c.admit() == {"granted": []}
     pid = pid or __import__("os").getpid()
     c.set_claim("running", pid=pid, ticks=start_ticks(pid))
     return c
@@ -84,13 +86,7 @@ def start_spec(run, req, seconds=0.0):
     return spec(run, [(0, [sys.executable, "job.py", str(seconds)])], claim=dict(req, keep_s=0))
 
 
-def wait_for(cond, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
+wait_for = partial(support.wait_for, timeout=20.0, every=0.05)  # this module's pace: local processes
 
 
 def test_a_busy_host_names_its_holder_and_nothing_is_made(tmp_path):
@@ -117,7 +113,9 @@ def test_the_supervisor_adopts_the_claim_and_gives_it_up_at_the_end(tmp_path):
     state = out[0].start(start_spec("r1", req, seconds=1.5))
     claim = json.loads((tmp_path / "m0" / "claims" / f"{__import__('os').getuid()}-r1-m0.claim").read_text())
     assert claim["pid"] == state["supervisor"]["pid"] and claim["state"] == "running"
-    assert "blocked" in Claims(request(folder, "r2", "m0")).admit(take=False)
+    verdict = Claims(request(folder, "r2", "m0")).admit(take=False)
+    assert ([h["run"] for h in verdict.pop("holders")], verdict) == \
+        (["r1"], {"blocked": True, "ahead": [], "position": 1, "retry": False})
     assert wait_for(lambda: (tmp_path / "m0" / "work" / "runs" / "r1" / "done.json").exists())
     assert wait_for(lambda: entries(folder) == [])
     client.close()
@@ -202,7 +200,10 @@ def test_a_launch_that_goes_silent_is_dropped_from_the_line(tmp_path):
     try:
         stream.write(pack_msg({**m.wire(), "hold": True, "claim": request(folder, "r1", "m0", wait=True,
                                                                           silence=1.0)}))
-        assert "queued" in read_msg(stream, 10)
+        status = read_msg(stream, 10)["queued"]
+        assert [h["run"] for h in status.pop("holders")] == ["theirs"]
+        me = __import__("pwd").getpwuid(__import__("os").getuid()).pw_name
+        assert status == {"ready": False, "position": 1, "ahead": [], "why": f"{me}'s run theirs (running)"}
         assert any(n.endswith("-r1-m0.queue") for n in entries(folder))
         assert wait_for(lambda: not any("-r1-" in n for n in entries(folder)), timeout=10)
         assert stream.wait(10) != 0
@@ -213,7 +214,7 @@ def test_a_launch_that_goes_silent_is_dropped_from_the_line(tmp_path):
 def test_detach_wait_starts_by_itself_on_two_hosts(tmp_path):
     """--detach --wait: both hosts busy; the job is pushed and handed to waiters, which meet over
     loopback; when the holders go, both start (and the claims go with the run's end)."""
-    from clusterrun.hosts.claims import wait_mesh  # noqa: F401  (the runner builds the same mesh)
+    from clusterrun.launch.claiming import wait_mesh  # noqa: F401  (the runner builds the same mesh)
 
     hosts = [machine(tmp_path, f"m{i}") for i in range(2)]
     m = project(tmp_path, JOB)

@@ -4,11 +4,11 @@ supervisors): what may go, what the cache keeps, what a dry run touches (nothing
 import hashlib
 import os
 import sys
-import time
 
 from clusterrun.clean.policy import Rules, select_removals
 from clusterrun.registry.store import RunStore
 from hostkit import project, spec
+from support import poll
 
 NOW = 1_800_000_000.0
 
@@ -79,10 +79,7 @@ def test_host_removes_finished_runs_and_collects_exactly_the_unlinked_objects(ho
     running = "20261201-000000-0004"
     host_client.push(running, project(tmp_path, {"job.py": b"import time; time.sleep(30)\n"}), hold=False)
     host_client.start(running, spec(running, [(0, [sys.executable, "job.py"])]))
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and sum(
-            r["status"] == "finished" for r in host_client.runs()["runs"]) < 3:
-        time.sleep(0.1)
+    poll(lambda: sum(r["status"] == "finished" for r in host_client.runs()["runs"]) >= 3, timeout=20, every=0.1)
     listing = {r["id"]: r for r in host_client.runs()["runs"]}
     assert listing[running]["status"] == "running"
     assert {r["status"] for k, r in listing.items() if k != running} == {"finished"}
@@ -121,9 +118,7 @@ def test_clean_finishes_what_an_earlier_clean_left_and_modes_a_job_took_away(hos
         host_client.start(run_id, spec(run_id, [(0, [sys.executable, "-c", "import os; os.makedirs('out/deep'); "
                                                                           "open('out/deep/f', 'w').write('x'); "
                                                                           "os.chmod('out', 0)"])]))
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and sum(r["status"] == "finished" for r in host_client.runs()["runs"]) < 2:
-        time.sleep(0.1)
+    poll(lambda: sum(r["status"] == "finished" for r in host_client.runs()["runs"]) >= 2, timeout=20, every=0.1)
     leftover = work / "runs" / ".removing-20261201-000000-0001-99999"  # what a clean killed halfway left
     (leftover / "sub").mkdir(parents=True)
     (leftover / "sub").chmod(0)

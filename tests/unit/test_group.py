@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from clusterrun.errors import ConnectError, HostError, HostsFailed
-from clusterrun.hosts.group import UnexpectedError, background, fan_out, fan_out_background, on_hosts
+from clusterrun.errors import ConnectError, HostError, HostsFailed, UnexpectedError
+from clusterrun.hosts.group import background, fan_out, fan_out_background, on_hosts
 
 
 @dataclass(frozen=True)

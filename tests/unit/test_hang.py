@@ -18,6 +18,7 @@ from clusterrun.hosts.client import HostClient
 from clusterrun.states import RankState, RunState
 from clusterrun.transport.local import LocalTransport
 from hostkit import make_host, project, spec
+from support import wait_for
 
 JOB = """\
 import os, sys, time
@@ -54,12 +55,9 @@ def clients(tmp_path):
 
 
 def wait_done(folders, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all((f / "done.json").exists() for f in folders):
-            return time.monotonic()
-        time.sleep(0.05)
-    raise AssertionError(f"not done within {timeout} s: {[str(f) for f in folders]}")
+    """When every folder's done.json was there (time.monotonic())."""
+    return wait_for(lambda: all((f / "done.json").exists() for f in folders) and time.monotonic(), timeout,
+                    every=0.05, what=f"done.json in {[str(f) for f in folders]}")
 
 
 def exits(folder, ranks):

@@ -7,6 +7,7 @@ import signal
 import stat
 import sys
 import time
+from functools import partial
 
 import pytest
 
@@ -15,6 +16,7 @@ from clusterrun.hosts.client import HostClient
 from clusterrun.config.inventory import Timeouts
 from clusterrun.transport.local import LocalTransport
 from hostkit import make_host, project, spec
+from support import alive, poll, wait_for
 
 
 def test_push_is_incremental_by_content_and_private(host_client, tmp_path):
@@ -60,15 +62,6 @@ def start_sleepers(host_client, tmp_path, run_id, code="import time; time.sleep(
     return host_client.start(run_id, spec(run_id, ranks, **extra))
 
 
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().split(") ")[1][0] != "Z"
-
-
 def test_start_detaches_and_stop_ends_every_rank_by_process_group(host_client, tmp_path):
     run_id = "20261130-000000-0010"
     state = start_sleepers(host_client, tmp_path, run_id, grace=1.0)
@@ -96,11 +89,7 @@ def test_a_rank_ignoring_term_is_killed_after_the_grace(host_client, tmp_path):
     assert not alive(state["ranks"]["0"]["pid"])
 
 
-def wait_until(done, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not done():
-        time.sleep(0.05)
-    return done()
+wait_until = partial(wait_for, timeout=5.0, every=0.05)  # this module's pace: local processes
 
 
 def test_a_supervisor_that_dies_takes_its_ranks_and_the_next_call_finishes_its_work(host_client, tmp_path):
@@ -180,9 +169,7 @@ def test_supervisor_stops_the_hosts_other_ranks_when_one_fails(host_client, tmp_
     host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False)
     ranks = [(0, [sys.executable, "-c", "import time; time.sleep(60)"]), (1, [sys.executable, "-c", "raise SystemExit(7)"])]
     host_client.start(run_id, spec(run_id, ranks, grace=1.0))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not host_client.status(run_id)["done"]:
-        time.sleep(0.1)
+    poll(lambda: host_client.status(run_id)["done"], timeout=10, every=0.1)
     ranks = host_client.status(run_id)["ranks"]
     assert ranks["1"]["exit"]["exit_code"] == 7 and not ranks["1"]["exit"]["stopped"]
     assert ranks["0"]["exit"]["stopped"] and ranks["0"]["exit"]["signal"] == signal.SIGTERM
@@ -310,9 +297,7 @@ def test_the_push_facts_name_the_clusterrun_run_that_holds_the_master_port(host_
     host_client.start(holder_run, {"run_id": holder_run, "grace": 2.0, "fail_fast": True, "ranks": [
         {"rank": 0, "argv": [sys.executable, "-c", code], "env": {"CLUSTERRUN_RUN_ID": holder_run, "RANK": "0"}}]})
     try:
-        deadline = time.monotonic() + 20
-        while not (port_file.exists() and port_file.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll(lambda: port_file.exists() and port_file.read_text(), timeout=20)
         port = int(port_file.read_text())
         facts = host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False, check_port=port).facts
     finally:
@@ -374,9 +359,7 @@ def test_a_rank_starts_with_only_its_three_standard_fds_in_a_session_of_its_own(
             rank = Rank(spawn(argv, str(tmp_path), dict(os.environ), out))
         finally:
             os.close(out)
-        deadline = time.time() + 20
-        while rank.poll() is None and time.time() < deadline:
-            time.sleep(0.02)
+        poll(lambda: rank.poll() is not None, timeout=20, every=0.02)
         assert rank.returncode == 0
         return (tmp_path / log).read_text()
 

@@ -22,8 +22,8 @@ PKG = Path(__file__).resolve().parents[2] / "clusterrun"
 ARCHITECTURE = PKG.parent / "docs" / "architecture.md"
 CORE = ("clusterrun.config", "clusterrun.plan", "clusterrun.states", "clusterrun.errors", "clusterrun.events",
         "clusterrun.stacks", "clusterrun.outcome")
-EDGES = ("clusterrun.launch", "clusterrun.hosts", "clusterrun.transport", "clusterrun.registry", "clusterrun.check",
-         "clusterrun.sweep", "clusterrun.clean", "clusterrun.cli", "clusterrun.ui", "clusterrun.remote")
+EDGES = ("clusterrun.launch", "clusterrun.hosts", "clusterrun.transport", "clusterrun.registry", "clusterrun.runs",
+         "clusterrun.check", "clusterrun.sweep", "clusterrun.clean", "clusterrun.cli", "clusterrun.ui", "clusterrun.remote")
 PRINTERS = ("clusterrun.cli", "clusterrun.ui")
 
 
@@ -161,8 +161,8 @@ def test_folder_list_shows_the_design():
     top = sorted(p.stem for p in PKG.glob("*.py"))
     assert top == ["__init__", "__main__", "errors", "events", "outcome", "plan", "stacks", "states"], top
     packages = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").exists())
-    assert packages == ["check", "clean", "cli", "config", "hosts", "launch", "registry", "remote", "sweep", "transport",
-                        "ui"], packages
+    assert packages == ["check", "clean", "cli", "config", "hosts", "launch", "registry", "remote", "runs", "sweep",
+                        "transport", "ui"], packages
 
 
 # -------------------------------------------------------------- rule 2: the table's "may import" column
@@ -234,6 +234,9 @@ def test_the_table_check_catches_a_forbidden_import():
     assert not allowed_import("clusterrun.sweep.grid", "clusterrun.registry.store", rows)
     assert not allowed_import("clusterrun.registry.store", "clusterrun.remote.host.run.stop", rows)
     assert allowed_import("clusterrun.registry.store", "clusterrun.remote.host.procs", rows)
+    assert not allowed_import("clusterrun.registry.store", "clusterrun.hosts.client", rows)  # storage reaches no host
+    assert not allowed_import("clusterrun.registry.store", "clusterrun.runs.reconcile", rows)  # nor the commands on it
+    assert not allowed_import("clusterrun.runs.top", "clusterrun.ui.observe", rows)
     assert not allowed_import("clusterrun.outcome", "clusterrun.launch.runner", rows)
 
 

@@ -5,7 +5,7 @@ import time
 from clusterrun.check.rules import CHECKS
 from clusterrun.check.doctor import JUDGES
 from clusterrun.outcome import EndedBy, RankResult, decide
-from clusterrun.registry.runs import conclude
+from clusterrun.runs.reconcile import conclude
 from clusterrun.registry.store import RunStore
 from clusterrun.states import RankState, RunState
 
@@ -64,16 +64,17 @@ def test_a_hosts_exit_record_lands_on_the_controllers_clock_once():
 
 def test_stop_records_exits_with_the_hosts_clock(tmp_path):
     """`stop`'s answer carries the host's `now`: what it reports is moved to this clock like `ps` does."""
-    from clusterrun.registry.runs import Node, _record_exits
+    from clusterrun.runs.nodes import Node
+    from clusterrun.runs.reconcile import record_exits
     from hostkit import make_host
 
     store = RunStore(str(tmp_path))
     _record(store, [(RankState.RUNNING, {})])
     host_now = time.time() + 50.0
     node = Node(0, make_host(tmp_path / "work"), (0,), 0)
-    _record_exits(store, "20261201-000000-0001", node, {"0": {"exit_code": None, "signal": 15, "stopped": True,
-                                                             "ended_at": host_now, "started_at": host_now - 5}},
-                  host_now)
+    record_exits(store, "20261201-000000-0001", node, {"0": {"exit_code": None, "signal": 15, "stopped": True,
+                                                            "ended_at": host_now, "started_at": host_now - 5}},
+                 host_now)
     rank = store.get("20261201-000000-0001").ranks[0]
     assert rank.state is RankState.STOPPED and abs(rank.ended_at - (host_now - 50)) < 1.0
 

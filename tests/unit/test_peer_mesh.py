@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 import time
+from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from clusterrun.remote.host.run import peers as P
 from hostkit import project
+from support import wait_for
 
 TOKEN = "a" * 32
 RUN = "20261201-000000-0001"
@@ -49,11 +51,7 @@ class Ticker:
         self.thread.join(5)
 
 
-def wait_until(done, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not done():
-        time.sleep(0.02)
-    return done()
+wait_until = partial(wait_for, timeout=10.0, every=0.02)  # this module's pace: threads on loopback
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +260,7 @@ def test_the_hang_watchs_words_are_type_checked_and_a_dump_reaches_the_peer():
                     {"dumped": 7}):
             joined = coordinator.peers[1]
             peer.line.send(bad)
-            assert wait_until(lambda joined=joined: joined.closed), bad  # that connection goes; the peer joins again
+            assert wait_until(lambda joined=joined: joined.closed, what=f"the connection closed after {bad}"), bad  # that connection goes; the peer joins again
             assert wait_until(lambda: 1 in coordinator.peers and not coordinator.peers[1].closed and peer.authenticated)
         assert ticker.raised == []
     finally:

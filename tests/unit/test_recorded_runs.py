@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from support import inventory_text, poll, wait_for, write_tree
+
 JOB = textwrap.dedent("""\
     import os, sys, time
     rank = int(os.environ["RANK"])
@@ -30,17 +32,10 @@ JOB = textwrap.dedent("""\
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    (tmp_path / "job.py").write_text(JOB)
-    (tmp_path / "inv.yaml").write_text(textwrap.dedent(f"""\
-        version: 1
-        defaults: {{connection: local}}
-        hosts:
-          - {{name: a, workdir: {tmp_path}/work-a}}
-          - {{name: b, workdir: {tmp_path}/work-b}}
-        master: {{port: auto}}
-        job: {{script: job.py}}
-        timeouts: {{grace: 2s, host_lost: 5s}}
-        """))
+    write_tree(tmp_path, {"job.py": JOB, "inv.yaml": inventory_text(
+        [{"name": "a", "workdir": f"{tmp_path}/work-a"}, {"name": "b", "workdir": f"{tmp_path}/work-b"}],
+        {"script": "job.py"}, defaults={"connection": "local"}, master={"port": "auto"},
+        timeouts={"grace": "2s", "host_lost": "5s"})})
     monkeypatch.setenv("CLUSTERRUN_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CLUSTERRUN_NO_RETENTION", "1")
     return tmp_path
@@ -65,12 +60,7 @@ def record(project, run_id):
 
 def wait_running(project, run_id):
     log = project / "home" / "runs" / run_id
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if "hello" in cli(project, "logs", run_id).stdout:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{run_id} never said hello ({log})")
+    wait_for(lambda: "hello" in cli(project, "logs", run_id).stdout, timeout=20, what=f"{run_id} to say hello ({log})")
 
 
 def test_stop_without_a_run_stops_the_newest_live_one_and_never_rewrites_an_ended_one(project):
@@ -98,9 +88,8 @@ def test_logs_of_a_run_whose_host_folders_are_gone_answer_from_the_local_copy_at
     run_id = launch(project)
     for host in ("a", "b"):  # as `clean` on another machine, or retention, would leave it
         run_dir = project / f"work-{host}" / "runs" / run_id
-        deadline = time.monotonic() + 20  # the launch returns at the ranks' end; the supervisor's last
-        while not (run_dir / "done.json").exists() and time.monotonic() < deadline:  # write comes after
-            time.sleep(0.05)
+        # the launch returns at the ranks' end; the supervisor's last write comes after
+        poll(lambda run_dir=run_dir: (run_dir / "done.json").exists(), timeout=20)
         shutil.rmtree(run_dir)
     t = time.monotonic()
     done = cli(project, "logs", run_id)

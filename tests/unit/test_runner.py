@@ -16,6 +16,7 @@ from clusterrun.config.inventory import parse_inventory
 from clusterrun.launch.runner import Runner
 from clusterrun.registry.store import RunStore
 from clusterrun.transport import StreamClosed
+from support import wait_for
 
 
 class FakeStream:
@@ -168,13 +169,8 @@ class World:
         return t, out
 
     def wait_started(self, timeout=5):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(h.spec for h in self.hosts.values()):
-                time.sleep(0.1)
-                return
-            time.sleep(0.01)
-        raise AssertionError("not started")
+        wait_for(lambda: all(h.spec for h in self.hosts.values()), timeout, every=0.01, what="every host started")
+        time.sleep(0.1)
 
 
 INV = """\

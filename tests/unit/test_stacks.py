@@ -15,12 +15,14 @@ import pytest
 
 from clusterrun import outcome
 from clusterrun import stacks as st
-from clusterrun.registry.live import stragglers, top_view, TopTarget
+from clusterrun.runs.samples import RankLoad, Sample
+from clusterrun.runs.top import stragglers, top_view, TopTarget
 from clusterrun.remote.host.observe import samples as S
 from clusterrun.remote.host.observe import stacks as H
 from clusterrun.remote.host.run import oom
 from clusterrun.states import RankState, RunState
 from hostkit import make_host
+from support import poll
 
 JOB = "/home/cr/.clusterrun/runs/20261201-101010-ab12/job/"
 TORCH = "/opt/venv/lib/python3.11/site-packages/torch/distributed/"
@@ -297,7 +299,7 @@ def test_proc_files_are_read(tmp_path):
 
 
 def ranks(*cpu_quiet):
-    return [{"rank": i, "state": "running", "cpu_pct": c, "last_output_s": q} for i, (c, q) in enumerate(cpu_quiet)]
+    return [RankLoad(i, "running", cpu_pct=c, last_output_s=q) for i, (c, q) in enumerate(cpu_quiet)]
 
 
 def test_a_rank_far_from_the_others_is_a_straggler():
@@ -314,7 +316,7 @@ def test_the_top_view_keeps_every_host_and_rank():
     targets = [TopTarget(a, "R"), TopTarget(b, "R")]
     sample = {"host": {"cpu_pct": 50.0, "cores": 2, "load1": 1.0, "mem_used": 1, "mem_total": 2, "net_rx": 0,
                        "net_tx": 0, "gpus": None}, "ranks": [{"rank": 1, "state": "running", "cpu_pct": 9.0}]}
-    view = top_view("R", targets, {"here": sample})
+    view = top_view("R", targets, {"here": Sample.from_wire("here", sample)})
     doc = view.to_json()
     assert doc["hosts"][0]["cpu_pct"] == 50.0 and doc["ranks"] == [{"rank": 1, "state": "running", "cpu_pct": 9.0,
                                                                     "host": "here", "straggler": ""}]
@@ -334,9 +336,7 @@ def test_top_samples_a_run_whose_ranks_ended(tmp_path):
     c.start(run, spec(run, [(0, [sys.executable, "-c", "print('hi')"]),
                             (1, [sys.executable, "-c", "import time; time.sleep(30)"])], grace=1.0))
     try:
-        deadline = time.monotonic() + 10
-        while not (tmp_path / "w" / "runs" / run / "rank-0.exit").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll(lambda: (tmp_path / "w" / "runs" / run / "rank-0.exit").exists(), timeout=10)
         samples = c.samples(run, 0.3, 2)
         got = [samples.first, samples.next(10)]
         samples.close()

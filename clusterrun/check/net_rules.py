@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..plan import ifname_var, ranks_interface
 from .rules import FAIL, OK, SKIP, WARN, CheckResult, disagreement
 
 SLOW_LOOKUP_S = 1.0  # a name lookup slower than this: a dead or slow DNS server (each of torch's lookups waits)
@@ -63,10 +64,6 @@ def connect_result(net: Mapping, master: str, port: Optional[int], rank0: str, *
     return CheckResult("connect", FAIL, f"connecting to {where} failed: {c.get('error')}", "", "error", data)
 
 
-def _ifname_var(backend: str) -> str:
-    return "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
-
-
 def _missing_ifnames(value: str, names: Sequence[str]) -> Sequence[str]:
     if value.startswith(("^", "=")):  # NCCL's exclude / exact-match syntax: not ours to second-guess
         return ()
@@ -78,7 +75,7 @@ def iface_result(net: Mapping, backend: str, env: Mapping[str, str], multi_host:
                  mode: str = "none") -> CheckResult:
     """The address and interface this host uses toward the master, and the *_SOCKET_IFNAME it needs.
     mode: the host's network.ifname (auto: the interface net["choice"] found is what the ranks get)."""
-    var = _ifname_var(backend)
+    var = ifname_var(backend)
     ifaces = list(net.get("interfaces") or [])
     names = [i["name"] for i in ifaces]
     if "resolve_error" in net:
@@ -343,12 +340,7 @@ def mtu_results(used: Mapping[str, tuple]) -> Tuple[Dict[str, CheckResult], List
 
 
 def used_interface(net: Mapping, mode: str, env: Mapping[str, str], backend: str) -> tuple:
-    """(interface, MTU) the ranks of this host use toward the master (for mtu_results)."""
-    var = _ifname_var(backend)
-    choice = net.get("choice") or {}
-    source = _source_iface(net.get("interfaces") or (), net.get("source", "?"))
-    wanted = env.get(var) if env.get(var) and not env[var].startswith(("^", "=")) else None
-    iface = wanted or (mode if mode not in ("auto", "none") else None) or \
-        (choice.get("ifname") if mode == "auto" else None) or source
-    mtu = next((i.get("mtu") for i in choice.get("interfaces") or () if i.get("name") == iface), None)
-    return iface, mtu
+    """(interface, MTU) the ranks of this host use toward the master (for mtu_results), from the probe's
+    facts: plan.ranks_interface, as a launch derives it, the kernel's route the last resort."""
+    routed = _source_iface(net.get("interfaces") or (), net.get("source", "?"))
+    return ranks_interface(mode, env, net.get("choice"), backend, routed)

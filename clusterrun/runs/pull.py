@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..config.inventory import Host, inventory_from_snapshot
-from ..errors import HostError, HostsFailed, UsageError
+from ..errors import HostError, HostsFailed, OutsideRun, PullStopped, UsageError
 from ..events import HostDone, HostProgress
 from ..hosts.client import HostClient
 from ..hosts.group import fan_out
 from ..hosts.manifest import HashCache
-from ..hosts.pull import Listing, OutsideRun, PullStopped, PullStream, RemoteFile, Want
-from .records import RunRecord
-from .runs import nodes_of
-from .store import PULLED, RunStore
+from ..hosts.pull import Listing, PullStream, RemoteFile, Want
+from ..registry.records import RunRecord
+from ..registry.store import PULLED, RunStore
+from .nodes import nodes_of
 
 CHUNK = 1 << 20
 

@@ -1,46 +1,19 @@
-"""Around an attached run (launch/runner.py): job.ports reached from here while the run lives, and
-job.outputs pulled back when it ends. Nothing here changes the run's result."""
+"""job.outputs of an attached run (launch/runner.py): pulled back from rank 0's host when the run ends
+(a failed run's too). Nothing here changes the run's result."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-from typing import Callable, List, Sequence
+from typing import Callable
 
 from ..config.sizes import size_text
 from ..errors import ClusterrunError
 from ..events import Notice, Phase
 from ..hosts.client import HostClient
-from ..hosts.group import background
 from ..outcome import RunOutcome
 from ..registry.store import RunStore
 from ..states import RankState
 
 Say = Callable[[object], None]
-
-
-class PortForwards:
-    """job.ports: each reaches localhost:PORT on rank 0's host from 127.0.0.1:PORT here while the run lives,
-    in one background loop (hosts/forward.py); a port taken here is passed over, said once. rank0: the
-    connection to rank 0's host of the attempt being run (restarts may move rank 0)."""
-
-    def __init__(self, ports: Sequence[int], rank0: Callable[[], HostClient], rank0_name: str, emit: Say, post: Say):
-        from ..hosts.forward import Forwarder, PortSpec, banner
-
-        note = lambda text: post(Notice(f"job.ports: {text}", "warning"))  # noqa: E731
-        forwarder = Forwarder(lambda port: rank0().transport.tunnel(port), [PortSpec(p, p) for p in ports],
-                              on_note=note, on_taken=lambda spec, why: emit(Notice(
-                                  f"job.ports: {why}: port {spec.remote} not forwarded", "warning")))
-        for spec in forwarder.bound:  # queued: shown once the run's own lines begin
-            post(Notice(banner(spec.remote, spec.local, rank0_name), "info"))
-        self._stop: List[bool] = []
-        self._served: "Future[None]" = background(forwarder.serve, lambda: bool(self._stop), thread_name="forward")
-
-    def stop(self) -> None:
-        self._stop.append(True)
-        try:
-            self._served.result(timeout=2.0)
-        except Exception:  # the forwarding loop's end must not change the run's
-            pass
 
 
 def pull_outputs(store: RunStore, run_id: str, result: RunOutcome, rank0: Callable[[], HostClient], *, emit: Say,
@@ -52,7 +25,7 @@ def pull_outputs(store: RunStore, run_id: str, result: RunOutcome, rank0: Callab
         emit(Notice(f"job.outputs not pulled: rank 0's host was lost; `clusterrun pull {run_id}` once it is back",
                     "warning"))
         return
-    from ..registry.pull import pull_files, pull_targets
+    from ..runs.pull import pull_files, pull_targets
 
     record = store.get(run_id)
     folder, targets = pull_targets(store, record)

@@ -1,5 +1,6 @@
-"""`ps`, `logs` and `stop` on recorded runs: reach the hosts again from the run record, any time later,
-also after the controller that started the run is gone. The verdicts are outcome.py's."""
+"""`logs` on a recorded run: the local copies brought up to date from the hosts by byte offset, followed
+while the run lives (also after the controller that started it is gone), replayed from here when the hosts
+keep nothing of it; the closing summary an attached launch prints, from the record."""
 
 from __future__ import annotations
 
@@ -10,202 +11,18 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .. import outcome
-from ..config.inventory import Host, Inventory, inventory_from_snapshot
-from ..errors import HostError, NotYourRun, UsageError
+from ..errors import UsageError
 from ..events import LogLines, RankSeen, Stuck
 from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RunGone
-from ..hosts.group import fan_out, on_hosts
+from ..hosts.group import fan_out
 from ..hosts.logs import LineSplitter, tail_lines
 from ..outcome import RankResult, RunOutcome
 from ..plan import attempt_key
-from ..states import Cleanup, HostState, RankState, RunState
-from .store import RunRecord, RunStore, controller_alive, login, owner_of
-
-Connect = Callable[[Host], HostClient]
-
-
-@dataclass(frozen=True)
-class Node:
-    node_rank: int  # the host's place in the (current) attempt
-    host: Host
-    ranks: Tuple[int, ...]
-    index: int  # its place in the inventory: the registry's key for hosts
-
-
-def nodes_of(record: RunRecord, plan: Optional[dict] = None) -> Tuple[Inventory, List[Node]]:
-    """The inventory recorded with the run, and the hosts of its current attempt (or of `plan`'s)."""
-    inv = inventory_from_snapshot(record.snapshot)
-    nodes = []
-    for n in (plan or record.plan)["nodes"]:
-        index = n.get("index", n["node_rank"])
-        if index < 0:
-            index = n["node_rank"]
-        nodes.append(Node(n["node_rank"], inv.hosts[index], tuple(r["rank"] for r in n["ranks"]), index))
-    return inv, nodes
-
-
-def conclude(store: RunStore, run_id: str, open_state: RunState = RunState.RUNNING,
-             verdict: Callable[..., Optional[RunOutcome]] = outcome.decide) -> RunRecord:
-    """Once every rank has an end, give the run its end (outcome.py's verdict); until then, `open_state`."""
-    record = store.get(run_id)
-    if record.terminal:
-        return record
-    result = verdict(run_id, record.ranks, stop_note=record.reason or "")
-    if result is None:
-        if open_state is not record.state:
-            store.update_run(run_id, state=open_state)
-        return store.get(run_id)
-    store.conclude(result, ended_at=max((r.ended_at or 0) for r in record.ranks) or time.time())
-    return store.get(run_id)
-
-
-def _record_exits(store: RunStore, run_id: str, node: Node, exits: Mapping[str, dict], now: object,
-                  only: Optional[set] = None) -> None:
-    """A host's exit records of the node's ranks (a status or stop answer, with the host's clock `now`),
-    kept on this machine's clock."""
-    offset = (now - time.time()) if isinstance(now, (int, float)) else 0.0
-    for rank, info in exits.items():
-        if only is None or int(rank) in only:
-            store.record_rank(run_id, RankResult.from_exit(int(rank), node.node_rank, node.host.name, info,
-                                                           clock_offset=offset))
-
-
-def reconcile(store: RunStore, run_id: str, connect: Connect) -> Tuple[RunRecord, Dict[str, HostError]]:
-    """Bring a run whose controller is gone up to date by asking its hosts."""
-    record = store.get(run_id)
-    if (record.terminal and not record.cleanup_pending) or controller_alive(record.controller):
-        return record, {}
-    _, nodes = nodes_of(record)
-    key = attempt_key(run_id, record.attempt)
-    asked = on_hosts(nodes, connect, lambda node, client: client.status(key), thread_name="status")
-    waiting = False
-    for node in nodes:
-        if node.host.name in asked.results:
-            waiting = _take_status(store, run_id, node, asked.results[node.host.name]) or waiting
-    if not record.terminal:
-        _mark_waiting_hosts(store, run_id)
-        open_state = RunState.WAITING if waiting else RunState.RUNNING if asked.ok else RunState.UNREACHABLE
-        conclude(store, run_id, open_state=open_state, verdict=outcome.reconciled)
-    return store.get(run_id), asked.failed
-
-
-def _take_status(store: RunStore, run_id: str, node: Node, answer: dict) -> bool:
-    """A host's status answer into the record; True when the run still waits there for its turn."""
-    if answer.get("waiting"):  # --detach --wait: its waiter holds the job until the hosts are free
-        return True
-    if not answer.get("started"):  # the controller died before starting this host (or it gave up waiting)
-        if answer.get("gave_up"):
-            store.update_run(run_id, reason=f"gave up waiting for its turn: {answer['gave_up']}")
-        for rank in node.ranks:
-            store.update_rank(run_id, rank, state=RankState.NOT_STARTED)
-        return False
-    ranks = answer["ranks"]
-    _record_exits(store, run_id, node, {r: i["exit"] for r, i in ranks.items() if i.get("exit")}, answer.get("now"))
-    for rank, info in ranks.items():
-        if not info.get("exit") and info.get("pid"):
-            store.update_rank(run_id, int(rank), state=RankState.RUNNING)
-    if answer.get("done"):
-        store.update_host(run_id, node.index, state=HostState.DONE)
-    return False
-
-
-def _mark_waiting_hosts(store: RunStore, run_id: str) -> None:
-    """The controller died while starting: hosts whose ranks run (waiting for peers that never come)
-    still owe a stop."""
-    record = store.get(run_id)
-    if not any(r.state is RankState.NOT_STARTED for r in record.ranks):
-        return
-    running = {r.host for r in record.ranks if not r.state.terminal}
-    for h in record.hosts:
-        if h.name in running:
-            store.update_host(run_id, h.node_rank, cleanup=Cleanup.PENDING)
-
-
-def check_owner(record: RunRecord) -> None:
-    """`stop` of a run someone else launched (a registry several people share) is refused, naming them."""
-    owner = owner_of(record)
-    if owner and owner != login():
-        raise NotYourRun(f"run {record.id} was launched by {owner} (on {(record.controller or {}).get('host', '?')}), "
-                         f"not by you ({login()}): clusterrun stops only your own runs; ask {owner}")
-
-
-def refuse_foreign(run: str, entries: Sequence) -> None:
-    """A run this registry does not know but the hosts' claims show (entries: hosts.claims.Holder):
-    refused, naming whose it is; nothing is asked of the hosts beyond the listing."""
-    if not entries:
-        return
-    e = entries[0]
-    hosts = ", ".join(sorted({x.host for x in entries}))
-    me = login()
-    whose = f"{e.user}'s (launched by {e.by or '?'})" if e.by.split("@")[0] != me or e.user != me else \
-        f"yours, but launched from {e.by} (another machine's registry)"
-    raise NotYourRun(f"run {e.run} on {hosts} is {whose}, {e.state if e.kind == 'claim' else 'waiting'} since "
-                     f"{time.strftime('%H:%M:%S', time.localtime(e.since))}: clusterrun stops only the runs of "
-                     "this registry; stop it from where it was launched" + (f", or ask {e.user}" if e.user != me else ""))
-
-
-def still_open(record: RunRecord) -> bool:
-    """Something of the run may still run: it has not ended, or a host of it still owes a stop."""
-    return not record.terminal or bool(record.cleanup_pending)
-
-
-def newest_open(store: RunStore, connect_of: Callable[[RunRecord], Connect]) -> Optional[RunRecord]:
-    """The newest run that may still run (what `stop` without a RUN stops), each candidate brought up to
-    date first (ps's reconcile): a record left "running" by a controller that died may have ended since."""
-    for run_id in store.open_ids():
-        record = store.get(run_id)
-        record, _ = reconcile(store, run_id, connect_of(record))
-        if still_open(record):
-            return record
-    return None
-
-
-def stop_run(store: RunStore, run_id: str, connect: Connect, grace: float) -> Tuple[RunRecord, Dict[str, HostError]]:
-    """Stop every rank by its recorded process group; idempotent; unreachable hosts stay pending. A run
-    that has ended keeps its record as it is: only hosts that still owe a stop are asked (and marked)."""
-    record = store.get(run_id)
-    if not still_open(record):
-        return record, {}
-    inv, nodes = nodes_of(record)
-    targets = _stop_targets(record, inv, nodes)
-    current = {n.index for n in nodes}
-    # by the run's own id: every attempt there
-    stopped = on_hosts(targets, connect, lambda node, client: client.stop(run_id, grace), thread_name="stop")
-    for node in targets:
-        name = node.host.name
-        if name in stopped.errors:
-            store.update_host(run_id, node.index, cleanup=Cleanup.PENDING, error=str(stopped.errors[name]))
-        elif name in stopped.results:
-            _record_stopped(store, run_id, node, stopped.results[name], current=node.index in current)
-    if stopped.ok and not record.terminal:
-        store.update_run(run_id, reason=record.reason or "stopped by `clusterrun stop`")
-    if stopped.ok:  # every host answered: the run has ended
-        return conclude(store, run_id, verdict=outcome.after_stop), stopped.failed
-    return conclude(store, run_id, open_state=RunState.UNKNOWN), stopped.failed
-
-
-def _stop_targets(record: RunRecord, inv: Inventory, nodes: List[Node]) -> List[Node]:
-    """The hosts a stop asks: the current attempt's, less those of an ended run already stopped, and the
-    hosts an earlier attempt left behind (lost, then dropped) that still owe a stop."""
-    settled = {h.node_rank for h in record.hosts if h.cleanup in (None, Cleanup.DONE) and h.state is not HostState.LOST}
-    targets = [n for n in nodes if not (record.terminal and n.index in settled)]
-    current = {n.index for n in nodes}
-    targets += [Node(-1, inv.hosts[h.node_rank], (), h.node_rank) for h in record.hosts
-                if h.node_rank not in current and h.cleanup is Cleanup.PENDING]
-    return targets
-
-
-def _record_stopped(store: RunStore, run_id: str, node: Node, answer: dict, *, current: bool) -> None:
-    """A host that answered the stop: the exits it reports for ranks still open (a host of the current
-    attempt), then it is done."""
-    if current:
-        still_open = {r.rank for r in store.get(run_id).ranks if not r.state.terminal}
-        _record_exits(store, run_id, node, answer.get("exits", {}), answer.get("now"), only=still_open)
-    store.update_host(run_id, node.index, cleanup=Cleanup.DONE, state=HostState.STOPPED)
-
-
-# -------------------------------------------------------------- logs
+from ..registry.store import RunRecord, RunStore, controller_alive
+from ..states import RankState
+from .nodes import Connect, Node, nodes_of
+from .reconcile import reconcile
 
 TAIL_LINES = 12  # of a failed rank, under the root cause (as an attached launch shows)
 

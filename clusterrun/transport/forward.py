@@ -1,6 +1,7 @@
 """Ports here that reach localhost:PORT on a host, as `ssh -L LOCAL:localhost:PORT` does (TensorBoard and
 Jupyter listen on localhost by default): through the connection clusterrun makes anyway (its ssh config,
-jumps and host keys), one tunnel (a direct-tcpip channel) per accepted connection.
+jumps and host keys), one tunnel (a direct-tcpip channel: `Transport.tunnel`) per accepted connection.
+The host program takes no part: this is a pump between sockets here and tunnels.
 
 One thread does it all: a select loop over the listening sockets, the accepted connections and their
 tunnels (a paramiko channel has a fileno), with a bounded buffer per direction; a side that is not read
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import HostError, UsageError
-from ..transport import Tunnel
+from . import Tunnel
 
 BIND = "127.0.0.1"  # only this machine's own programs reach a forwarded port
 BUFFER = 1 << 20  # per direction of a connection
@@ -24,36 +25,11 @@ READ = 1 << 16
 IDLE_S = 0.2  # how often the loop looks at its stop condition when nothing happens
 WAIT_WINDOW_S = 0.01  # bytes wait for the channel's window to open: look again this soon
 
-# what usually listens on a port, for the line that names its URL
-KNOWN = {6006: "TensorBoard", 8888: "Jupyter", 8889: "Jupyter", 8265: "Ray dashboard", 5000: "MLflow",
-         8080: "a web UI"}
-
 
 @dataclass(frozen=True)
 class PortSpec:
     remote: int  # localhost:remote on the host
     local: int  # 127.0.0.1:local here (0: a free one)
-
-
-def parse_spec(text: str) -> PortSpec:
-    """PORT (the same port here), PORT:LOCAL, or PORT:0 (a free port here)."""
-    remote, _, local = text.partition(":")
-    try:
-        spec = PortSpec(int(remote), int(local) if local else int(remote))
-    except ValueError:
-        spec = None
-    if spec is None or not 1 <= spec.remote <= 65535 or not 0 <= spec.local <= 65535:
-        raise UsageError(f"{text!r}: give PORT or PORT:LOCAL (ports 1-65535; LOCAL 0 picks a free one), "
-                         "e.g. 6006 or 6006:16006")
-    return spec
-
-
-def banner(remote: int, local: int, host: str) -> str:
-    """`TensorBoard? http://127.0.0.1:6006` for a port that is usually TensorBoard's, else the plain URL."""
-    name = KNOWN.get(remote)
-    url = f"http://127.0.0.1:{local}"
-    where = f"(localhost:{remote} on {host})"
-    return f"{name}? {url}  {where}" if name else f"{url}  {where}"
 
 
 class Forwarder:

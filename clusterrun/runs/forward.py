@@ -1,6 +1,6 @@
 """`clusterrun forward` on a recorded run: ports here reach localhost:PORT on the run's rank 0 host (or
 another of its hosts) until Ctrl-C or the run's end, which the host is asked about every few seconds
-beside the forwarding (hosts/forward.py does the forwarding itself)."""
+beside the forwarding (transport/forward.py does the forwarding itself)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from ..config.inventory import Host, inventory_from_snapshot
 from ..errors import HostError, UsageError
 from ..hosts.client import HostClient
-from ..hosts.forward import Forwarder, PortSpec
 from ..hosts.group import background
 from ..plan import attempt_key
-from .records import RunRecord
-from .runs import nodes_of
-from .store import RunStore
+from ..registry.records import RunRecord
+from ..registry.store import RunStore
+from ..transport.forward import Forwarder, PortSpec
+from .nodes import nodes_of
 
 WATCH_EVERY_S = 2.0
 
