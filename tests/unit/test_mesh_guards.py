@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from clusterrun.remote.host.run import peers as P
 from hostkit import project
+from support import poll
 from test_peer_mesh import Ticker, line, messages, wait_until
 
 TOKEN = "a" * 32
@@ -87,7 +88,7 @@ def _join_under(flood_source, refill=True):
         peer = P.Peer(conf(addr="127.0.0.1", port=coordinator.port, bind="127.0.0.2"), 1, lambda text: None)
         ticker.sides = (coordinator, peer)
         t = time.monotonic()
-        joined = wait_until(lambda: peer.authenticated and 1 in coordinator.peers, timeout=6)
+        joined = poll(lambda: peer.authenticated and 1 in coordinator.peers, timeout=6, every=0.02)
         assert ticker.raised == []
         return time.monotonic() - t if joined else None
     finally:
@@ -187,6 +188,8 @@ def close_mesh(coordinator, peer, proxy, ticker):
 def test_a_forged_or_replayed_stop_in_the_stream_is_dropped_and_logged_and_the_mesh_goes_on():
     coordinator, peer, proxy, ticker, logs = proxied_mesh()
     try:
+        proxy.inject("to_peer", b"[" * 9000 + b"\n")  # longer than any line of ours: dropped, not the connection
+        assert wait_until(lambda: any("MAC failed" in x for x in logs["peer"]))
         proxy.inject("to_peer", line({"stop": {"reason": "forged"}}))  # no MAC at all
         proxy.inject("to_peer", b"0" * 64 + b" " + line({"stop": {"reason": "forged"}}))  # a wrong one
         proxy.inject("to_coordinator", line({"failed": {"rank": 1, "exit_code": 1, "signal": None}}))
@@ -197,7 +200,7 @@ def test_a_forged_or_replayed_stop_in_the_stream_is_dropped_and_logged_and_the_m
         proxy.inject("to_peer", dump)  # ...replayed: its counter has passed
         beat = [x for x in proxy.seen["to_coordinator"] if b'"beat"' in x][-1]
         proxy.inject("to_peer", beat)  # the peer's own line reflected back: the wrong direction
-        assert wait_until(lambda: sum("MAC failed" in x for x in logs["peer"]) >= 4)
+        assert wait_until(lambda: sum("MAC failed" in x for x in logs["peer"]) >= 5)
         assert wait_until(lambda: any("MAC failed" in x for x in logs["coordinator"]))
         assert peer.stop_reason is None and peer.dump_reason is None and coordinator.failure is None
         assert peer.authenticated and not coordinator.peers[1].closed  # the connection went on

@@ -7,8 +7,8 @@ After the handshake a line protocol's connection is sealed (Line.seal): each lin
 SESSION the connection's key (handshake.Terms.session_key: the token's, bound to both nonces),
 DIRECTION "L" from the listening end or "J" from the joining end, COUNTER how many lines that end sent on
 the connection before this one (0 first; implicit, never on the wire). A line that fails (forged, replayed,
-reordered, or from another connection or direction) is dropped and logged, and moves no counter: the
-connection and the lines after it go on. A line that passes but is not a message of ours is the
+reordered, or from another connection or direction; or longer than any of ours) is dropped and logged,
+and moves no counter: the connection and the lines after it go on. A line that passes but is not a message of ours is the
 ProtocolError it always was."""
 
 import json
@@ -56,6 +56,7 @@ class Line:
         self.key = None  # once sealed: the session's key, the two directions and their counters
         self.says = self.hears = b""
         self.said = self.heard_lines = self.forged = 0
+        self.skipping = False  # sealed: inside a line too long to be ours, dropped as it comes
         self.log = None
 
     def fileno(self):
@@ -103,8 +104,21 @@ class Line:
                 self.close()
                 break
             self.buf += data
+            if self.skipping:
+                self._skip()
             if len(self.buf) > 2 * MAX_LINE and b"\n" not in self.buf:
-                raise ProtocolError("a line longer than %d bytes" % MAX_LINE)
+                if self.key is None:
+                    raise ProtocolError("a line longer than %d bytes" % MAX_LINE)
+                self._forged()  # sealed: none of ours is that long; drop it up to its end, keep the connection
+                self.buf, self.skipping = b"", True
+
+    def _skip(self):
+        """Drop what is left of an over-long line, up to and with its newline."""
+        cut = self.buf.find(b"\n")
+        if cut < 0:
+            self.buf = b""
+        else:
+            self.buf, self.skipping = self.buf[cut + 1:], False
 
     def _open(self, line):
         """The message of one line; None for a sealed line that failed its MAC (dropped, logged)."""
