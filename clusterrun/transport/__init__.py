@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence
 
 from ..errors import CommandTimeout, ConnectError
+from ..remote.host.wire import read_exact as _read_exact
 
 # paramiko.config imports invoke (for `Match exec`, which clusterrun evaluates itself: config/ssh_config.py
 # and transport/openssh.py), and invoke imports unittest.mock: 40 of paramiko's 120 ms of import on every
@@ -87,15 +88,8 @@ class Transport(Protocol):
 
 
 def read_exact(stream: Stream, n: int, timeout: Optional[float]) -> bytes:
-    """Exactly n bytes, or StreamClosed if the output ends first."""
-    parts = []
-    while n:
-        chunk = stream.read(n, timeout)
-        if not chunk:
-            raise StreamClosed("end of output")
-        parts.append(chunk)
-        n -= len(chunk)
-    return b"".join(parts)
+    """Exactly n bytes, or StreamClosed if the output ends first (the host program's loop: one for both)."""
+    return _read_exact(lambda k: stream.read(k, timeout), n, lambda: StreamClosed("end of output"))
 
 
 def run_on(transport: Transport, argv: Sequence[str], *, stdin: Optional[bytes], timeout: float) -> Completed:

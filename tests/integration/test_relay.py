@@ -141,10 +141,11 @@ def test_auto_relays_only_when_it_pays(cr, cluster, tmp_path):
 
 
 HOST_PROGRAM = Path(__file__).resolve().parents[2] / "clusterrun" / "remote" / "host"
-SHIPPED = ("__init__.py", "mac.py", "net/__init__.py", "push/__init__.py", "push/relay.py")  # what relay.py needs
+SHIPPED = ("__init__.py", "mac.py", "wire.py", "channel/__init__.py", "channel/gate.py", "channel/handshake.py",
+           "channel/lines.py", "net/__init__.py", "push/__init__.py", "push/relay.py")  # what relay.py needs
 LISTEN = ("import socket, sys; sys.path.insert(0, '/tmp'); from crhost.push import relay as crrelay; "
           "s = socket.socket(); s.bind(('', 0)); s.listen(4); "
-          "print(s.getsockname()[1], flush=True); c = crrelay.accept_upstream(s, 'the-token', 'run-1', 1, 20); "
+          "print(s.getsockname()[1], flush=True); c = crrelay.accept_upstream(s, 'the-token-of-this-push', 'run-1', 1, 20); "
           "print('accepted', c.recv(5).decode(), flush=True)")
 KNOCK = ("import sys; sys.path.insert(0, '/tmp'); from crhost.push import relay as crrelay\n"
          "try:\n    c = crrelay.connect_downstream(sys.argv[1], int(sys.argv[2]), sys.argv[3], 'run-1', 1, 5)\n"
@@ -164,9 +165,9 @@ def test_a_wrong_token_is_refused_and_the_real_upstream_still_gets_in(cluster, s
     port = listener.readline(timeout=20).strip()
     assert port.isdigit(), port
     addr = cluster.host("node1").address
-    rc, out, err = cluster.exec("node0", ["/opt/venv/bin/python", "-c", KNOCK, addr, port, "a-wrong-token"])
+    rc, out, err = cluster.exec("node0", ["/opt/venv/bin/python", "-c", KNOCK, addr, port, "a-wrong-token-of-this-push"])
     assert out.startswith(f"refused: {addr}:{port} did not accept the push's token"), out + err
-    rc, out, err = cluster.exec("node2", ["/opt/venv/bin/python", "-c", KNOCK, addr, port, "the-token"])
+    rc, out, err = cluster.exec("node2", ["/opt/venv/bin/python", "-c", KNOCK, addr, port, "the-token-of-this-push"])
     assert out.strip() == "in", out + err
     assert listener.readline(timeout=20).strip() == "accepted hello"
     assert listener.wait(timeout=20)[0] == 0

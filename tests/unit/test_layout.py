@@ -5,7 +5,8 @@
 2. every import between folders is one the table allows (the pure core reaches no edge);
 3. only transport/ imports paramiko or fabric;
 4. only cli/ and ui/ print or exit (the host program in remote/ speaks on its own stdout: it is exempt);
-5. remote/host/ is stdlib only and imports nothing from the controller;
+5. remote/host/ is stdlib only, imports nothing from the controller, and within it every import goes down
+   its layers (the page's layers table);
 6. host work fans out through hosts.group (no other thread pools or threads);
 7. a run's end is decided in outcome.py only.
 """
@@ -302,3 +303,75 @@ def test_the_registry_writes_a_final_state_only_from_an_outcome(tmp_path):
         store.update_run("20261201-000000-0001", state=RunState.FAILED)
     store.conclude(interrupted("20261201-000000-0001"))
     assert store.get("20261201-000000-0001").state is RunState.INTERRUPTED
+
+
+# -------------------------------------------------------------- rule 5: the host program's layers
+
+HOST = "clusterrun.remote.host"
+
+
+def host_layers(text: str) -> Dict[str, int]:
+    """Each member of the host program's layers table (a module or a subpackage, dotted under HOST) → its
+    layer, from the page's section "The host program's layers"."""
+    section = text.split("## The host program's layers", 1)[1].split("\n## ", 1)[0]
+    out: Dict[str, int] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].isdigit():
+            continue
+        for word in cells[1].split(","):
+            name = word.strip().strip("`").rstrip("/").removesuffix(".py")
+            out[f"{HOST}.{name}"] = int(cells[0])
+    return out
+
+
+def host_layer_of(name: str, layers: Dict[str, int]) -> int:
+    """The layer of a module of the host program (its own entry, or its subpackage's); KeyError if none."""
+    parts = name.split(".")
+    for n in range(len(parts), 3, -1):
+        if ".".join(parts[:n]) in layers:
+            return layers[".".join(parts[:n])]
+    raise KeyError(name)
+
+
+def host_import_allowed(source: str, target: str, layers: Dict[str, int]) -> bool:
+    if target == HOST:  # `from .. import x` names the package; x is checked on its own
+        return True
+    return host_layer_of(target, layers) <= host_layer_of(source, layers)
+
+
+def test_every_module_of_the_host_program_has_a_layer():
+    layers = host_layers(ARCHITECTURE.read_text())
+    missing = []
+    for name in modules():
+        if under(name, (HOST,)) and name != HOST:
+            try:
+                host_layer_of(name, layers)
+            except KeyError:
+                missing.append(name)
+    assert not missing, f"modules of remote/host/ missing from docs/architecture.md's layers: {missing}"
+    assert not [m for m in layers if m not in modules()], "the layers table names modules that do not exist"
+
+
+def test_the_host_programs_imports_go_down_its_layers():
+    layers = host_layers(ARCHITECTURE.read_text())
+    mods = modules()
+    bad = [f"{path.relative_to(PKG.parent)}:{line} imports {target} (layer {host_layer_of(target, layers)} above "
+           f"its own, {host_layer_of(name, layers)})"
+           for name, (path, tree) in mods.items() if under(name, (HOST,)) and name != HOST
+           for target, line in imports(name, path, tree)
+           if target in mods and under(target, (HOST,)) and not host_import_allowed(name, target, layers)]
+    assert not bad, "imports against the host program's layers (docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_the_layer_check_catches_an_import_up_the_layers():
+    """The check above would fail on the tangles it was written for (issue 31, finding 6)."""
+    layers = host_layers(ARCHITECTURE.read_text())
+    assert not host_import_allowed(f"{HOST}.share.waiter", f"{HOST}.run.peers", layers)
+    assert not host_import_allowed(f"{HOST}.disk.clean", f"{HOST}.push.receive", layers)
+    assert not host_import_allowed(f"{HOST}.observe.samples", f"{HOST}.main", layers)
+    assert not host_import_allowed(f"{HOST}.run.notify", f"{HOST}.push.job_setup", layers)
+    assert not host_import_allowed(f"{HOST}.wire", f"{HOST}.channel.lines", layers)
+    assert host_import_allowed(f"{HOST}.push.receive", f"{HOST}.run.start", layers)
+    assert host_import_allowed(f"{HOST}.channel.gate", f"{HOST}.channel.lines", layers)
+    assert host_import_allowed(f"{HOST}.paths", f"{HOST}.wire", layers)

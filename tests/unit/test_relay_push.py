@@ -114,14 +114,14 @@ def test_a_wrong_token_is_refused_before_any_byte():
 
     def accept():
         try:
-            host_relay.accept_upstream(server, "right", RUN, 1, wait=1.5)
+            host_relay.accept_upstream(server, "right" * 8, RUN, 1, wait=1.5)
         except host_relay.RelayError as exc:
             result["accept"] = str(exc)
 
     t = threading.Thread(target=accept)
     t.start()
     with pytest.raises(host_relay.RelayError, match="did not accept the push.s token"):
-        host_relay.connect_downstream("127.0.0.1", port, "wrong", RUN, 1, wait=2)
+        host_relay.connect_downstream("127.0.0.1", port, "wrong" * 8, RUN, 1, wait=2)
     t.join(5)
     assert "did not connect" in result["accept"] or "refused" in result["accept"]
     server.close()
@@ -137,7 +137,7 @@ def test_a_silent_connection_and_a_stranger_cost_the_real_upstream_nothing():
 
     def accept():
         try:
-            conn = host_relay.accept_upstream(server, "right", RUN, 1, wait=8, upstream="127.0.0.3")
+            conn = host_relay.accept_upstream(server, "right" * 8, RUN, 1, wait=8, upstream="127.0.0.3")
             result["peer"] = conn.getpeername()[0]
             conn.close()
         except host_relay.RelayError as exc:
@@ -150,7 +150,7 @@ def test_a_silent_connection_and_a_stranger_cost_the_real_upstream_nothing():
     stranger.settimeout(2)
     assert stranger.recv(100) == b""  # closed at once: not the upstream host
     t0 = time.monotonic()
-    conn = host_relay.connect_downstream("127.0.0.1", port, "right", RUN, 1, wait=5, source="127.0.0.3")
+    conn = host_relay.connect_downstream("127.0.0.1", port, "right" * 8, RUN, 1, wait=5, source="127.0.0.3")
     assert time.monotonic() - t0 < 2  # not held up by the silent one
     conn.close()
     t.join(10)

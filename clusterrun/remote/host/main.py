@@ -5,7 +5,7 @@ host that runs many ranks, or a test box that plays many hosts, its start-up is 
 import importlib
 import os
 
-from .paths import run_root
+from .paths import run_dir_of
 from .wire import Fail, fail_frame, reply, send_msg
 
 # command -> (module, function, what its arguments are: "run" = a run folder first, then the rest)
@@ -27,16 +27,6 @@ COMMANDS = {
 }
 # commands that do not answer a JSON line: receive and pull speak framed messages, follow frames
 FAIL_AS = {"receive": send_msg, "pull": send_msg, "follow": fail_frame}
-
-
-def run_dir_of(workdir, run_id):
-    """RUN, or RUN/attempt-K for attempt K of a run (job.restarts); nothing else."""
-    runs = os.path.join(workdir, "runs")
-    path = os.path.normpath(os.path.join(runs, run_id))
-    parent = os.path.dirname(path)
-    if parent != runs and not (os.path.dirname(parent) == runs and run_root(path) == parent):
-        raise Fail("bad run id %r" % run_id, "protocol")
-    return path
 
 
 def _arguments(kind, workdir, args):

@@ -3,6 +3,8 @@ RUN/job), and the per-rank log, exit and stacks files in each."""
 
 import os
 
+from .wire import Fail
+
 ATTEMPT_PREFIX = "attempt-"
 
 
@@ -45,3 +47,13 @@ def stacks_file(run_dir, rank, pid=None):
     """A rank's stacks file; pid: that of a process the rank forked (it dumps into a file of its own)."""
     base = os.path.join(stacks_dir(run_dir), "rank-%d" % rank)
     return base if pid is None else "%s.%d" % (base, pid)
+
+
+def run_dir_of(workdir, run_id):
+    """RUN, or RUN/attempt-K for attempt K of a run (job.restarts); nothing else."""
+    runs = os.path.join(workdir, "runs")
+    path = os.path.normpath(os.path.join(runs, run_id))
+    parent = os.path.dirname(path)
+    if parent != runs and not (os.path.dirname(parent) == runs and run_root(path) == parent):
+        raise Fail("bad run id %r" % run_id, "protocol")
+    return path

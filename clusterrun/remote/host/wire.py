@@ -34,20 +34,28 @@ def fail_frame(obj):
     sys.stdout.buffer.flush()
 
 
-def read_exact(stream, n):
+def read_exact(read, n, ended):
+    """Exactly n bytes from read(k) (at most k bytes; b"" once its input ended); ended() is the exception
+    raised when the input ends first. The one such loop: the framed messages on stdin (here, and within
+    a silence: share/session.py), the hosts' own sockets by a deadline (channel/lines.py), and the
+    controller's channels (transport/__init__.py)."""
     parts = []
     while n:
-        chunk = stream.read(min(n, CHUNK))
+        chunk = read(min(n, CHUNK))
         if not chunk:
-            raise Fail("the controller went away during the push", "aborted")
+            raise ended()
         parts.append(chunk)
         n -= len(chunk)
     return b"".join(parts)
 
 
+def _gone():
+    return Fail("the controller went away during the push", "aborted")
+
+
 def read_msg(stream):
-    (n,) = struct.unpack(">I", read_exact(stream, 4))
-    return json.loads(read_exact(stream, n).decode())
+    (n,) = struct.unpack(">I", read_exact(stream.read, 4, _gone))
+    return json.loads(read_exact(stream.read, n, _gone).decode())
 
 
 def send_msg(obj):

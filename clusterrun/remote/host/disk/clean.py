@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 
-from ..push.cache import CacheIndex, object_id
+from .cache import CacheIndex, object_id
 from ..wire import reply
 from .lock import LOCK_WAIT, cache_lock, run_lock
 from .runs import cache_dir, cache_objects, cache_usage, disk, live_markers, status, walk

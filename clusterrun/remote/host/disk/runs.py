@@ -17,7 +17,7 @@ import time
 from ..files import read_json
 from ..paths import attempt_dirs
 from ..procs import MARKER_ENV, process_marker, same_process
-from ..runstate import collect_exits, load_state, supervisor_done
+from ..observe.state import collect_exits, load_state, supervisor_done
 from ..wire import reply
 from .lock import being_received
 

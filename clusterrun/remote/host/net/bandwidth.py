@@ -6,9 +6,9 @@ once (full duplex) for at most `seconds` or `bytes`, so one exchange measures th
 side reports what it received and how fast, and the connecting side the round trips it timed.
 
 Every socket is bound to this host's inventory address (its `addr:`), so the traffic takes the
-interface that holds it. A listener accepts only the expected peer's address, and both ends prove they
-hold the per-check token the controller handed each over SSH (a keyed BLAKE2b MAC, mac.py, over the other end's fresh
-nonce and the pair's id), before any byte is measured; anything else is closed.
+interface that holds it. A listener's door (the kit's, channel/gate.py) lets in only the expected peer's
+address, and both ends prove they hold the per-check token the controller handed each over SSH (the
+kit's handshake, channel/__init__.py), before any byte is measured; anything else is closed.
 
 Protocol, framed JSON messages on stdin/stdout (wire.read_msg / send_msg):
   controller → {"token", "addr": this host's addr:, "dest": rank 0's addr}
@@ -19,10 +19,11 @@ Protocol, framed JSON messages on stdin/stdout (wire.read_msg / send_msg):
   host       → {"done": {"pair", "received", "receive_s", "sent", ["rtt_ms"], ["error"]}}
   controller → {"end": true}, or end of input: the host program exits
 
-Handshake on each pair's connection (server = the listening end):
-  server → client  MAGIC + nonce_s (16 bytes)
-  client → server  nonce_c (16) + MAC(token, "client" | nonce_s | pair)
-  server → client  MAC(token, "server" | nonce_c | pair)
+Handshake on each pair's connection (server = the listening end): the kit's, PROTOCOL "bandwidth",
+CONTEXT the pair's id, NODE 0:
+  server → client  {"challenge", "for": "bandwidth"}
+  client → server  {"hello": 0, "nonce", "done": false, "mac"}
+  server → client  {"welcome": 0, "mac"}
 then `pings` round trips of one byte (the client times them), then both send at once.
 """
 
@@ -33,13 +34,14 @@ import socket
 import sys
 import time
 
-from ..mac import same, tag
+from ..channel.gate import Gatekeeper
+from ..channel.handshake import JoinError, Terms, join
+from ..channel.lines import recv_exact
+from ..mac import ShortToken
 from ..wire import Fail, read_msg, send_msg
-from . import ifaces
+from . import ifaces, resolve_all
 
-MAGIC = b"CRBWIDTH"
-NONCE = 16
-MAC = 32
+PROTOCOL = "bandwidth"
 CHUNK = 1 << 18
 
 
@@ -47,22 +49,15 @@ class PairError(Exception):
     """This pair's exchange failed (unreachable, wrong token, cut off): reported, the others go on."""
 
 
-def _mac(token, side, nonce, pair):
-    return tag(token, b"|".join([side, nonce, pair.encode()]))
+def terms(token, pair):
+    try:
+        return Terms(PROTOCOL, token, pair, secret="the check's token")
+    except ShortToken as exc:
+        raise PairError(str(exc)) from None
 
 
 def _read(sock, n, deadline):
-    out = bytearray()
-    while len(out) < n:
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            chunk = sock.recv(n - len(out))
-        except socket.timeout:
-            raise PairError("no answer in the handshake") from None
-        if not chunk:
-            raise PairError("the other end closed the connection in the handshake")
-        out += chunk
-    return bytes(out)
+    return recv_exact(sock, n, deadline, PairError)
 
 
 def own_address(addr):
@@ -104,30 +99,23 @@ class Bench:
                 "why": found.get("why"), "mtu": found.get("mtu")}
 
     def serve(self, job):
-        """Accept the expected peer's connection (others are closed), prove the token, answer its pings,
-        exchange."""
+        """Let in the expected peer's connection (others are closed) once it proved the token, answer its
+        pings, exchange."""
         deadline = time.monotonic() + float(job["timeout"])
-        while True:
-            self.server.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                conn, peer = self.server.accept()
-            except socket.timeout:
-                raise PairError("%s did not connect within %gs" % (job["peer"], float(job["timeout"]))) from None
-            if not ifaces.same_address(peer[0], job["peer"]):
-                conn.close()  # not the host of this pair: never measured, never answered
-                continue
-            try:
-                nonce_s = os.urandom(NONCE)
-                conn.sendall(MAGIC + nonce_s)
-                reply = _read(conn, NONCE + MAC, deadline)
-                if not same(reply[NONCE:], _mac(self.token, b"client", nonce_s, job["pair"])):
-                    raise PairError("a connection from %s did not prove the check's token: refused" % peer[0])
-                conn.sendall(_mac(self.token, b"server", reply[:NONCE], job["pair"]))
-                for _ in range(int(job.get("pings", 0))):
-                    conn.sendall(_read(conn, 1, deadline))
-                return self.exchange(conn, job, deadline)
-            finally:
-                conn.close()
+        gate = Gatekeeper(self.server, terms(self.token, job["pair"]), [0], resolve_all([job["peer"]]), sealed=False)
+        admitted = gate.admit_one(float(job["timeout"]))
+        if admitted is None:
+            why = "; ".join(gate.refusals)
+            raise PairError("%s did not connect within %gs%s" % (job["peer"], float(job["timeout"]),
+                                                                  (" (%s)" % why) if why else ""))
+        conn = admitted[1].sock
+        try:
+            conn.setblocking(True)
+            for _ in range(int(job.get("pings", 0))):
+                conn.sendall(_read(conn, 1, deadline))
+            return self.exchange(conn, job, deadline)
+        finally:
+            conn.close()
 
     def connect(self, job):
         """Connect from this host's addr to the peer's listener, prove the token, time the pings, exchange."""
@@ -139,17 +127,7 @@ class Bench:
                 conn.connect((job["addr"], int(job["port"])))
             except OSError as exc:
                 raise PairError("cannot reach %s:%s: %s" % (job["addr"], job["port"], exc.strerror or exc)) from None
-            hello = _read(conn, len(MAGIC) + NONCE, deadline)
-            if not hello.startswith(MAGIC):
-                raise PairError("%s:%s is not clusterrun's bandwidth listener" % (job["addr"], job["port"]))
-            nonce_c = os.urandom(NONCE)
-            conn.sendall(nonce_c + _mac(self.token, b"client", hello[len(MAGIC):], job["pair"]))
-            try:
-                proof = _read(conn, MAC, deadline)
-            except PairError as exc:
-                raise PairError("%s did not accept the check's token (%s)" % (job["addr"], exc)) from None
-            if not same(proof, _mac(self.token, b"server", nonce_c, job["pair"])):
-                raise PairError("%s did not prove the check's token" % job["addr"])
+            self._join(conn, job, deadline)
             rtts = []
             for _ in range(int(job.get("pings", 0))):
                 t0 = time.monotonic()
@@ -162,6 +140,17 @@ class Bench:
             return result
         finally:
             conn.close()
+
+    def _join(self, conn, job, deadline):
+        try:
+            join(conn, terms(self.token, job["pair"]), 0, deadline)
+        except JoinError as exc:
+            if exc.stage == "challenge":
+                raise PairError("%s:%s is not clusterrun's bandwidth listener (%s)" % (job["addr"], job["port"],
+                                                                                      exc)) from None
+            if exc.stage == "accepted":
+                raise PairError("%s did not accept the check's token (%s)" % (job["addr"], exc)) from None
+            raise PairError("%s did not prove the check's token" % job["addr"]) from None
 
     def exchange(self, conn, job, deadline):
         """Send and receive at once until this side sent its share (bytes, or for seconds) and the other

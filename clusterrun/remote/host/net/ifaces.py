@@ -14,7 +14,7 @@ only where those cannot be read (not Linux, a /proc without them) or say nothing
 `find` puts it together. Policy routing (ip rule) is not looked at: the main table is what most
 hosts have.
 
-Used by the push's facts (push/receive.py host_facts: no extra round trip), by `check`'s probe (its
+Used by the push's facts (push/facts.py: no extra round trip), by `check`'s probe (its
 source rides along: hosts/probe.py) and by `bandwidth`.
 """
 

@@ -1,14 +1,15 @@
 """Follow a run: log bytes from given offsets, exit records and heartbeats, as frames on stdout.
 
-Frames (common.FRAME: kind, rank, offset, payload length; then the payload):
+Frames (wire.FRAME: kind, rank, offset, payload length; then the payload):
   L  log bytes of a rank, from its byte offset       X  a rank's exit record (JSON), after its log is drained
   A  log bytes of an auxiliary stream (rank field: its index in AUX, e.g. 0 = torchrun's own output)
-  H  heartbeat {"now", "supervisor_alive", "restarts"} each second
+  H  heartbeat {"now", "supervisor_alive", "restarts"} each second (and RUN/followed touched: a controller
+     follows the run, observe/state.py)
   E  the end: every rank's exit was sent (under torchrun, also once its supervisor is done)
   F  instead of any of these: a failure {"error", "kind", "path"} (main.py); kind "missing": no such run
      here (its folder is gone: clean, retention, a push that failed) or it never started here
 Offsets come as JSON {"<rank>": bytes, "a<index>": bytes}. Under torchrun the ranks of this host are
-learnt as its workers register (runstate.rank_ids), so frames may name ranks the controller did not
+learnt as its workers register (state.rank_ids), so frames may name ranks the controller did not
 expect here; they are always below the world size.
 """
 
@@ -20,7 +21,7 @@ import time
 
 from ..files import read_json
 from ..paths import exit_path, log_path
-from ..runstate import collect_exits, load_state, rank_ids, supervisor_done
+from .state import collect_exits, load_state, mark_followed, rank_ids, supervisor_done
 from ..secrets import Masker, secret_values
 from ..wire import CHUNK, FRAME, Fail
 from .connecting import connecting
@@ -61,7 +62,7 @@ def parse_offsets(raw):
 class Follow:
     def __init__(self, run_dir, spec, state, offsets, once, wake=None):
         """wake: (the read end of the pipe the supervisor writes to at every exit record, its pid), when this
-        process started it (push/receive.py): an exit is sent the moment it is recorded, not a nap later."""
+        process started it (push/held.py): an exit is sent the moment it is recorded, not a nap later."""
         self.run_dir, self.spec, self.state, self.offsets, self.once = run_dir, spec, state, offsets, once
         self.wake, self.supervisor = wake if wake is not None else (None, None)
         self.dynamic = spec.get("launcher") == "torchrun"
@@ -89,6 +90,8 @@ class Follow:
                                              "connecting": self.stuck(now)}).encode())
                 self.last_beat = now
                 progressed = True
+                if not self.once:  # a controller watches: the supervisors' mesh may lean on it (run/supervisor.py)
+                    mark_followed(self.run_dir)
             if progressed:
                 sys.stdout.buffer.flush()
             if self.finished() or self.once:

@@ -27,9 +27,9 @@ import sys
 import time
 
 from ..files import read_json
-from ..paths import attempt_dirs, log_path
+from ..paths import attempt_dirs, log_path, run_dir_of
 from ..procs import same_process
-from ..runstate import load_state, rank_ids
+from .state import load_state, rank_ids
 from .stacks import descendants, process_table
 
 NVIDIA_SMI = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
@@ -40,8 +40,6 @@ PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def cmd_samples(workdir, target, interval, count, claims_dir=""):
-    from ..main import run_dir_of  # the one check of a run id
-
     run_dir = None if target == "-" else run_dir_of(workdir, target)
     interval, count = max(0.1, float(interval)), int(count)
     sampler = Sampler(workdir, run_dir, claims_dir if run_dir is None else "")

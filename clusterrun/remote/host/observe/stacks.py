@@ -31,7 +31,7 @@ import time
 
 from ..paths import log_path, stacks_file
 from ..procs import same_process
-from ..runstate import collect_exits, load_state, rank_ids
+from .state import collect_exits, load_state, rank_ids
 from ..wire import reply
 
 # by the end of its path: a run started by another version of this program runs that version's bootstrap

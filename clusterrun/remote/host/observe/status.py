@@ -6,7 +6,7 @@ import os
 import time
 
 from ..paths import log_path
-from ..runstate import collect_exits, load_state, rank_ids, supervisor_done
+from .state import collect_exits, load_state, rank_ids, supervisor_done
 from ..wire import reply
 
 

@@ -1,7 +1,7 @@
 """job.setup on this host: the inventory author's shell commands, run in the pushed job folder before any
 rank starts, once per content (a marker per key in WORKDIR/setup/).
 
-Protocol (framed JSON on the push's held channel, after the push's answer; see receive.py):
+Protocol (framed JSON on the push's held channel, after the push's answer; see held.py):
   controller → {"setup": {"commands": [...], "key": hex, "timeout": seconds, "env": {...}}}
   host       → {"out": text}*           what the commands print, as it comes (also kept in RUN_DIR/setup.log)
                {"beat": now}*           every 2 s while they run, so a lost host shows
@@ -12,7 +12,6 @@ controller goes away meanwhile (end of input), the commands' process group is ki
 """
 
 import os
-import pwd
 import select
 import signal
 import subprocess
@@ -20,18 +19,11 @@ import time
 
 from ..files import read_json, write_json_atomic
 from ..secrets import Masker
+from ..shell import login_shell
 from ..wire import send_msg
 
 BEAT_EVERY = 2.0
 EXIT_TIMEOUT = 124
-
-
-def login_shell():
-    try:
-        shell = pwd.getpwuid(os.getuid()).pw_shell
-    except KeyError:
-        shell = ""
-    return shell if shell and os.access(shell, os.X_OK) and not shell.endswith(("nologin", "false")) else "/bin/sh"
 
 
 def run_setup(workdir, run_dir, request, stdin):

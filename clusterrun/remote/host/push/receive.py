@@ -1,19 +1,14 @@
-"""The push's receiving end: objects the content cache lacks arrive framed on stdin, are checked
-against their SHA-256, and the run's job folder is built from hard links to them.
+"""The push's receiving end: objects the content cache lacks (disk/cache.py) arrive framed on stdin, or
+from the host before this one in the relay's chain (relay.py), are checked against their SHA-256, and
+the run's job folder is built from hard links to them.
 
-Protocol (framed JSON messages, common.read_msg/send_msg; object bytes raw in between):
+Protocol (framed JSON messages, wire.read_msg/send_msg; object bytes raw in between):
   controller → manifest {files: [[rel, sha256, size, exec]], dirs, symlinks, hold, free_port, check_port,
                          master_addr}
-  host       → {missing: [sha256...], repaired: [sha256...], port, facts}  or  {error, kind, path}
+  host       → {missing: [sha256...], repaired: [sha256...], port, facts (facts.py)}  or  {error, kind, path}
   controller → the missing objects' bytes, back to back, in the order asked
   host       → {ok, received, objects, files}  or  {error, kind, path}
-  (hold only) controller → {setup: {...}}; host → setup.py's messages      (only where job.setup is set)
-  (hold only) controller → {start: spec};  host → {state}     (end of input instead: the run is removed)
-             with {start: spec, follow: offsets} (an attached launch), the host then sends the run's follow
-             frames on this channel until the end, as the `follow` command would (observe/follow.py)
-  (hold, --detach --wait) controller → {wait: {spec, mesh}};  host → {waiting: {pid}}: a detached waiter
-             holds the job until its turn (share/waiter.py; rank 0's host bound its port in the first answer,
-             "wait_port")
+  (hold only) the held session: the setup, the start or the wait, the follow (held.py)
 With a claim request in the manifest ("claim", share/session.py) the host first claims its share of this
 host (or answers busy, or queues), the first answer says what it took, and the controller's word
 ({confirm} or {requeue}) comes before any object; the run folder is made only after {confirm}. The
@@ -22,55 +17,20 @@ supervisor adopts the claim at the start; a push that ends otherwise removes it.
 
 import errno
 import os
-import socket
 import sys
 import time
 
+from ..disk.cache import CacheIndex, object_path, safe_rel
 from ..disk.lock import LOCK_WAIT, cache_lock, hold_receiving
 from ..net import bind_address, free_port
-from ..net.claimed import run_on_port
-from ..net.holder import port_holder
-from ..net.ifaces import find as find_interface
-from ..run.start import start_run
 from ..share.session import ClaimSession
 from ..wire import CHUNK, Fail, read_msg, send_msg
 from . import relay
-from .cache import CacheIndex, object_path, safe_rel
-from .job_setup import run_setup
-
+from .facts import host_facts
+from .held import hold
 
 RUN_RESERVE = 256 << 10  # a run's own files on this host: spec, state, exit records, the logs' first lines
 REQUEUE = "requeue"  # _run's word that the launch wants another round of claims before it pushes
-
-
-def host_facts(port, master_addr, workdir=""):
-    """What launch's preflight needs to know, found while the push goes on (no extra round trip)."""
-    facts = {"python": sys.version.split()[0], "executable": sys.executable}  # as platform.python_version()
-    facts["net"] = find_interface(master_addr)  # network: {ifname: auto} (net/ifaces.py)
-    if port:  # rank 0's fixed master port must be free, bound the way torch's store binds it
-        family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("::" if family == socket.AF_INET6 else "", port))
-            facts["port"] = {"free": True, "port": port}
-        except OSError as exc:
-            facts["port"] = {"free": False, "port": port, "error": "%s (%s)" % (
-                os.strerror(exc.errno) if exc.errno else exc, errno.errorcode.get(exc.errno, "?"))}
-            if exc.errno == errno.EADDRINUSE:
-                facts["port"]["holder"] = port_holder(port)
-        finally:
-            sock.close()
-        _claimed(facts, port, workdir)
-    return facts
-
-
-def _claimed(facts, port, workdir):
-    """A port that is free for now is not free when a run started here will listen there in a moment."""
-    claim = run_on_port(workdir, port) if workdir and facts["port"]["free"] else None
-    if claim is not None:
-        facts["port"] = {"free": False, "port": port, "holder": claim,
-                         "error": "claimed by a run that is starting (EADDRINUSE once it listens)"}
 
 
 def cmd_receive(workdir, run_dir):
@@ -200,7 +160,7 @@ class Push:
         send_msg({"ok": True, "received": self.received, "relayed": self.relayed, "relay_notes": self.relay_notes,
                   "objects": len(missing), "files": len(files), "timing": self.timing})
         if manifest.get("hold"):
-            self.hold_for_start()
+            hold(self)
         return 0
 
     def first_answer(self, manifest, missing):
@@ -436,19 +396,6 @@ class Push:
             if real != job and not real.startswith(job + os.sep):
                 raise Fail("symlink %s resolves out of the job (%s)" % (rel, real), "protocol", rel)
 
-    def hand_to_waiter(self, request):
-        """--detach --wait: a detached waiter owns the queue entry and the job from now on (share/waiter.py)."""
-        from ..share import waiter
-
-        spec, mesh = request["spec"], dict(request["mesh"])
-        if self.coordinator is not None and (spec.get("peers") or {}).get("coordinator"):
-            spec["peers"]["listen_fd"] = self.coordinator.fileno()
-        if self.wait_server is not None:
-            mesh["listen_fd"] = self.wait_server.fileno()
-        pid = waiter.begin(self.run_dir, spec, mesh, self.claim, lambda s: start_run(self.run_dir, s))
-        self.claim.handed = True
-        return pid
-
     def undo(self):
         """Nothing has started: leave no partial run behind, and give the space back (the disk may be full)."""
         if self.made_run_dir:
@@ -474,45 +421,3 @@ class Push:
             kind = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "os"
             exc = Fail(os.strerror(exc.errno) if exc.errno else str(exc), kind, self.current)
         return {"error": str(exc), "kind": exc.kind, "path": exc.path}
-
-    def hold_for_start(self):
-        """Hold the channel for the setup and the start (saves a connection round trip and an interpreter
-        start-up); end of input instead means the controller is gone or will not start: leave no
-        half-made run."""
-        try:
-            message = read_msg(self.stdin)
-            if "setup" in message:
-                run_setup(self.workdir, self.run_dir, message["setup"], self.stdin)
-                message = read_msg(self.stdin)
-        except (Fail, EOFError):
-            self.undo()  # the run folder, and the objects this push added to the cache
-            return
-        if "wait" in message and self.claim is not None:
-            send_msg({"waiting": {"pid": self.hand_to_waiter(message["wait"])}})
-            return
-        spec = message["start"]
-        if self.coordinator is not None and (spec.get("peers") or {}).get("coordinator"):
-            spec["peers"]["listen_fd"] = self.coordinator.fileno()  # the supervisor (a fork) keeps it open
-        if self.claim is not None:
-            spec["claim"] = self.claim.spec_claim(spec.get("claim"))  # the supervisor adopts it (run/start.py)
-        follow = message.get("follow")  # an attached launch follows the run on this channel
-        wake = os.pipe() if follow is not None else None
-        state = start_run(self.run_dir, spec, wake=wake)
-        if self.claim is not None:
-            self.claim.handed = True
-        send_msg({"state": state})
-        if follow is not None:
-            self.follow(spec, state, follow, wake[0])
-
-    def follow(self, spec, state, offsets, wake):
-        """Become the run's `follow` (observe/follow.py) on this channel: no second command, connection round
-        trip or interpreter for the launch to follow what it started. What the push held goes first: the
-        supervisor has its own copies of the sockets it needs."""
-        from ..observe.follow import Follow, parse_offsets
-
-        for sock in (self.coordinator, self.wait_server):
-            if sock is not None:
-                sock.close()
-        self.coordinator = self.wait_server = None
-        supervisor = (state.get("supervisor") or {}).get("pid")
-        Follow(self.run_dir, spec, state, parse_offsets(offsets), False, wake=(wake, supervisor)).run()

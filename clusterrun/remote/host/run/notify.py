@@ -28,7 +28,7 @@ import time
 
 from ..paths import job_dir
 from ..secrets import Masker, secret_values
-from ..push.job_setup import login_shell
+from ..shell import login_shell
 
 LOG = "notify.log"
 LINGER = 1.0  # after a command exits, how long its output may still come (a child holding the pipe)

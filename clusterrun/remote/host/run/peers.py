@@ -4,17 +4,15 @@ on any host stops every host, and a host gone silent (either way) counts as a fa
 Node 0's supervisor is the coordinator: it listens on a free TCP port bound to its host's address (the
 inventory's `addr`), chosen during the push; the controller hands the port, with a per-run token, to
 every other host in its 0600 spec. Each other supervisor (a peer) connects to it from its own address.
-Only connections from the run's hosts' addresses are let in, at most MAX_PENDING unauthenticated ones
-at a time, each for HELLO_TIMEOUT seconds.
+The coordinator's door is the kit's (channel/gate.py): only connections from the run's hosts' addresses
+are let in, at most MAX_PENDING unauthenticated ones at a time, each for HELLO_TIMEOUT seconds.
 
-Protocol (version 2), one JSON object per line of at most MAX_LINE bytes, both ways:
-  coordinator → peer   {"challenge": NONCE_C}
-  peer → coordinator   {"hello": NODE, "nonce": NONCE_P, "done": BOOL, "mac": PROOF_P}
-  coordinator → peer   {"welcome": NODE, "mac": PROOF_C}
-       PROOF_P = MAC(TOKEN, "peer|RUN|NODE|NONCE_C|NONCE_P|DONE"), DONE 0 or 1
-       PROOF_C = MAC(TOKEN, "coordinator|RUN|NODE|NONCE_P|NONCE_C")
-     (hex; nonces are 16 fresh random bytes in hex; RUN is the attempt key.) Each end proves it holds the
-     token over the other end's fresh nonce, so neither a fake coordinator nor a replayed hello gets in;
+Protocol (version 3), one JSON object per line of at most MAX_LINE bytes (channel/lines.py), both ways:
+  first the kit's handshake (channel/__init__.py), PROTOCOL "mesh", CONTEXT the attempt key, NODE the
+  peer's node rank, DONE whether every rank of the peer ended before it joined:
+  coordinator → peer   {"challenge", "for": "mesh"}
+  peer → coordinator   {"hello": NODE, "nonce", "done": DONE, "mac"}
+  coordinator → peer   {"welcome": NODE, "mac"}
      a peer acts on nothing the coordinator says before its proof checked out.
   then, both ways      {"beat": TIME}                                          every second
                        (peer → coordinator, with job.hang_timeout: {"beat": TIME, "quiet": SECONDS}, how
@@ -28,129 +26,43 @@ Protocol (version 2), one JSON object per line of at most MAX_LINE bytes, both w
                                                                                (the run is hung: hang.py)
                        {"stop": {"reason": TEXT}}                              stop every rank now
 Any line that is not one of these (bad JSON, too long or deep, a wrong type, a wrong proof) drops that
-connection and nothing else: a parse or protocol error never reaches the supervisor.
+connection and nothing else: a parse or protocol error never reaches the supervisor; a line after the
+handshake whose MAC fails is dropped alone (below).
+
+After the handshake every line carries a MAC over its direction, a counter and the line itself, under a
+key of that connection's (channel/lines.py: Line.seal): a line that fails (injected into the TCP stream,
+replayed, reordered) is dropped and logged, the connection goes on.
 
 A joined peer that says nothing for host_lost seconds is lost: a failure, every host is stopped. A
 peer that hears nothing from the coordinator for host_lost seconds (rank 0's host frozen, cut off or
-gone) stops its own ranks. A peer that cannot reach the coordinator at all keeps running (a firewall may
-allow the ranks' ports only): it says so in supervisor.log, and the run has the controller's guarantees
-only.
+gone) stops its own ranks. A node that never joined by join_timeout (its supervisor cannot reach the
+coordinator: a firewall that allows the ranks' ports only; or someone kept it out) is never a silent
+downgrade: both ends say so in supervisor.log and in the run's state.json ("mesh"), and once no
+controller follows the run (no `follow` of it has been here for host_lost seconds: observe/state.py)
+the coordinator counts the node as a lost host and the peer stops its ranks (supervisor.py,
+watch_mesh).
 
 It runs inside the supervisor's loop (no threads): `tick()` each 50 ms does non-blocking socket work,
 connecting included.
 """
 
 import errno
-import json
-import os
 import socket
 import time
 
-from ..mac import hex_tag, same
+from ..channel.gate import HELLO_TIMEOUT, MAX_PENDING, Gatekeeper
+from ..channel.handshake import Joining, Terms, is_int
+from ..channel.lines import Line, ProtocolError
 from ..net import bind_address, resolve_all, source_for
 
+PROTOCOL = "mesh"
 BEAT_EVERY = 1.0
-HELLO_TIMEOUT = 3.0  # an unauthenticated connection gets this long to prove itself
-MAX_PENDING = 16  # unauthenticated connections at a time; more are closed at once
-MAX_LINE = 4096
-MAX_BRACKETS = 32  # a line with more `[` and `{` than this is not one of ours (and could nest too deep)
 MAX_REASON = 500
 MAX_QUIET = 1e9  # seconds: a quiet longer than this is not a number of ours
-NONCE_HEX = 32
-MAC_HEX = 64
-REFUSALS_LOGGED = 20
 
 
-def proof(token, text):
-    return hex_tag(token, text)
-
-
-def peer_proof(token, run, node, nonce_c, nonce_p, done):
-    return proof(token, "peer|%s|%d|%s|%s|%d" % (run, node, nonce_c, nonce_p, 1 if done else 0))
-
-
-def coordinator_proof(token, run, node, nonce_p, nonce_c):
-    return proof(token, "coordinator|%s|%d|%s|%s" % (run, node, nonce_p, nonce_c))
-
-
-def is_hex(value, length):
-    return isinstance(value, str) and len(value) == length and all(c in "0123456789abcdef" for c in value)
-
-
-def same_proof(given, expected):
-    """Constant-time, on bytes; anything that is not a proof of the right shape is simply wrong."""
-    return is_hex(given, MAC_HEX) and same(given.encode("ascii"), expected.encode("ascii"))
-
-
-def is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def parse_line(line):
-    """A JSON object from one line, or None for anything else (never raises)."""
-    if len(line) > MAX_LINE or line.count(b"[") + line.count(b"{") > MAX_BRACKETS:
-        return None
-    try:
-        msg = json.loads(line.decode("utf-8"))
-    except (ValueError, RecursionError, UnicodeDecodeError):
-        return None
-    return msg if isinstance(msg, dict) and len(msg) <= 8 else None
-
-
-class ProtocolError(Exception):
-    """A line that is not the protocol's: the connection it came on is dropped."""
-
-
-class Line:
-    """A socket with JSON lines in and out (non-blocking). `heard`: when the last line came."""
-
-    def __init__(self, sock, peer_ip=""):
-        self.sock = sock
-        self.sock.setblocking(False)
-        self.peer_ip = peer_ip
-        self.buf = b""
-        self.closed = False
-        self.heard = time.time()
-
-    def send(self, obj):
-        try:
-            self.sock.sendall((json.dumps(obj) + "\n").encode())
-        except OSError:  # includes a full send buffer: the other end stopped reading
-            self.close()
-
-    def receive(self):
-        """Every whole message that has arrived; ProtocolError on garbage (the caller drops the line)."""
-        while not self.closed:
-            try:
-                data = self.sock.recv(MAX_LINE + 1)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self.close()
-                break
-            if not data:
-                self.close()
-                break
-            self.buf += data
-            if len(self.buf) > 2 * MAX_LINE and b"\n" not in self.buf:
-                raise ProtocolError("a line longer than %d bytes" % MAX_LINE)
-        out = []
-        while b"\n" in self.buf:
-            line, self.buf = self.buf.split(b"\n", 1)
-            msg = parse_line(line)
-            if msg is None:
-                raise ProtocolError("a line that is not a JSON object of ours")
-            out.append(msg)
-            self.heard = time.time()
-        return out
-
-    def close(self):
-        if not self.closed:
-            self.closed = True
-            try:
-                self.sock.close()
-            except OSError:
-                pass
+def terms(conf):
+    return Terms(PROTOCOL, conf["token"], conf.get("run") or "")
 
 
 def is_number(value, top):
@@ -170,30 +82,32 @@ class Coordinator:
     """Node 0's side: lets in the run's peers, hears their failures and heartbeats, sends the stop."""
 
     def __init__(self, conf, log):
-        self.token = conf["token"]
-        self.run = str(conf.get("run") or "")
         self.expect = set(conf["expect"])  # node ranks of the peers
         self.host_lost = float(conf["host_lost"])
         self.join_by = time.time() + float(conf["join_timeout"])
         self.log = log
-        self.allow = resolve_all(conf.get("allow") or [])  # the run's hosts' addresses: the only sources let in
         if conf.get("listen_fd") is not None:  # bound during the push (receive.py): its port is already known
             self.server = socket.socket(fileno=int(conf["listen_fd"]))
         else:
             self.server = bind_address(conf.get("bind") or "", log)
         self.server.listen(64)
-        self.server.setblocking(False)
         self.port = self.server.getsockname()[1]
-        self.pending = {}  # Line -> (nonce, since)
+        # the run's hosts' addresses are the only sources let in
+        self.gate = Gatekeeper(self.server, terms(conf), self.expect, resolve_all(conf.get("allow") or []), log,
+                               max_pending=MAX_PENDING, timeout=HELLO_TIMEOUT)
         self.peers = {}  # node_rank -> Line
         self.done, self.lost = set(), set()
         self.failure = None  # (reason) once a peer failed or was lost
         self.stop_reason = None
         self.last_beat = 0.0
-        self.refused = 0
         self.quiet = {}  # node_rank -> (seconds quiet as it said, when it said it): hang.py
         self.dump_reason = None  # the hang watch asked every peer for its ranks' stacks
         self.dumped = set()
+
+    @property
+    def pending(self):
+        """The connections that have not proven themselves yet (the gatekeeper's)."""
+        return self.gate.pending
 
     def stop(self, reason):
         """Tell every peer to stop (once)."""
@@ -219,30 +133,19 @@ class Coordinator:
         return None if said is None else said[0] + max(0.0, now - said[1])
 
     def tick(self, now):
-        self._accept(now)
-        for line, (nonce, since) in list(self.pending.items()):
-            self._guarded(line, self._greet, line, nonce, since, now)
+        for node, line, hello in self.gate.tick():
+            self._welcome(node, line, hello)
         for node, line in list(self.peers.items()):
-            self._guarded(line, self._listen, node, line)
+            try:
+                self._listen(node, line)
+            except Exception as exc:  # noqa: BLE001 - whatever one connection sends, only it can go
+                self.gate.refuse(line.peer_ip, "%s: %s" % (type(exc).__name__, exc))
+                line.close()
             self._judge(node, line, now)
         if now - self.last_beat >= BEAT_EVERY:
             for line in self.peers.values():
                 line.send({"beat": now})
             self.last_beat = now
-
-    def _guarded(self, line, work, *args):
-        """Whatever one connection sends, only that connection can go (dropped and forgotten)."""
-        try:
-            work(*args)
-        except Exception as exc:
-            self._refuse(line.peer_ip, "%s: %s" % (type(exc).__name__, exc))
-            line.close()
-            self.pending.pop(line, None)
-
-    def _refuse(self, ip, why):
-        self.refused += 1
-        if self.refused <= REFUSALS_LOGGED:
-            self.log("refused a connection from %s: %s" % (ip or "?", why))
 
     def _judge(self, node, line, now):
         if node in self.done or node in self.lost or self.peers.get(node) is not line:
@@ -253,43 +156,8 @@ class Coordinator:
             self.log("peer node %d %s: a host lost" % (node, why))
             self.failure = self.failure or "node %d lost (its supervisor %s)" % (node, why)
 
-    def _accept(self, now):
-        while True:
-            try:
-                sock, addr = self.server.accept()
-            except (BlockingIOError, InterruptedError, OSError):
-                return
-            ip = addr[0][7:] if addr[0].startswith("::ffff:") else addr[0]
-            if self.allow and ip not in self.allow:
-                sock.close()
-                self._refuse(ip, "not one of the run's hosts")
-                continue
-            if len(self.pending) >= MAX_PENDING:
-                sock.close()
-                self._refuse(ip, "too many connections waiting to prove themselves")
-                continue
-            line = Line(sock, ip)
-            nonce = os.urandom(NONCE_HEX // 2).hex()
-            line.send({"challenge": nonce})
-            self.pending[line] = (nonce, now)
-
-    def _greet(self, line, nonce, since, now):
-        for msg in line.receive():
-            node = msg.get("hello")
-            if not (is_int(node) and node in self.expect and is_hex(msg.get("nonce"), NONCE_HEX)
-                    and isinstance(msg.get("done"), bool)):
-                raise ProtocolError("not a hello")
-            if not same_proof(msg.get("mac"), peer_proof(self.token, self.run, node, nonce, msg["nonce"],
-                                                          msg["done"])):
-                raise ProtocolError("node %d's hello did not prove the run's token" % node)
-            self._welcome(line, node, msg, nonce)
-            return
-        if line.closed or now - since > HELLO_TIMEOUT:
-            line.close()
-            self.pending.pop(line, None)
-
-    def _welcome(self, line, node, hello, nonce):
-        del self.pending[line]
+    def _welcome(self, node, line, hello):
+        """A peer got in (the gatekeeper welcomed it): it replaces any connection of its node's before."""
         old = self.peers.get(node)
         if old is not None:
             old.close()
@@ -297,7 +165,6 @@ class Coordinator:
         self.lost.discard(node)
         if hello["done"]:  # its ranks all ended before it joined
             self.done.add(node)
-        line.send({"welcome": node, "mac": coordinator_proof(self.token, self.run, node, hello["nonce"], nonce)})
         if self.dump_reason is not None and self.stop_reason is None:
             line.send({"dump": {"reason": self.dump_reason[:MAX_REASON]}})
         if self.stop_reason is not None:
@@ -330,6 +197,18 @@ class Coordinator:
                 raise ProtocolError("a beat whose quiet is not a number of seconds")
             self.quiet[node] = (float(msg["quiet"]), time.time())
 
+    def never_joined(self, now):
+        """The peers expected that never joined, once join_timeout has passed (the supervisor records them,
+        and counts them as lost hosts when no controller follows the run)."""
+        return [] if now < self.join_by else sorted(n for n in self.expect if n not in self.peers)
+
+    def count_lost(self, nodes, why):
+        """Nodes the supervisor counts as lost hosts without their ever having joined: a failure."""
+        fresh = [n for n in nodes if n not in self.lost]
+        self.lost.update(fresh)
+        if fresh:
+            self.failure = self.failure or "node %s lost (%s)" % (", ".join(str(n) for n in fresh), why)
+
     def waiting(self, now):
         """Whether peers may still run (the coordinator must stay up for them)."""
         open_peers = [n for n in self.expect if n not in self.done and n not in self.lost]
@@ -337,8 +216,9 @@ class Coordinator:
         return bool(joined) or (bool(open_peers) and now < self.join_by)
 
     def close(self):
-        for line in list(self.peers.values()) + list(self.pending):
+        for line in self.peers.values():
             line.close()
+        self.gate.close_pending()
         self.server.close()
 
 
@@ -350,15 +230,15 @@ class Peer:
         self.addr = (resolved[0] if resolved else conf["addr"], int(conf["port"]))
         self.source = conf.get("bind") or ""  # this host's own address: where the coordinator expects us from
         self.local = None  # the address we connect from (source_for), once worked out
-        self.token = conf["token"]
-        self.run = str(conf.get("run") or "")
+        self.terms = terms(conf)
         self.node_rank = node_rank
         self.host_lost = float(conf["host_lost"])
         self.join_by = time.time() + float(conf["join_timeout"])
         self.log = log
         self.line = None
         self.connecting = None  # (socket or None, since): a connect in progress (non-blocking)
-        self.challenge = self.nonce = None  # this connection's two nonces, once the hello went out
+        self.handshake = None  # this connection's (channel.handshake.Joining), once the hello went out
+        self.line_since = 0.0  # when this connection was made (it has HELLO_TIMEOUT to get its welcome)
         self.authenticated = False  # this connection's coordinator proved the token
         self.joined = False  # some connection did: from then on its silence counts
         self.gave_up = False
@@ -378,6 +258,9 @@ class Peer:
             return
         if self.line is None or self.line.closed:
             self._connect(now)
+            return
+        if not self.authenticated and now - self.line_since > HELLO_TIMEOUT:
+            self._drop()  # a listener that never proves itself (or never speaks): try again, or give up
             return
         try:
             for msg in self.line.receive():
@@ -425,25 +308,18 @@ class Peer:
         """The coordinator's challenge (answered by the hello), its welcome (checked), then its beats and stop."""
         if self.authenticated:
             self._on_word(msg, now)
-        elif "challenge" in msg and self.nonce is None:
-            if not is_hex(msg["challenge"], NONCE_HEX):
-                raise ProtocolError("a challenge that is not a nonce")
-            self.challenge, self.nonce = msg["challenge"], os.urandom(NONCE_HEX // 2).hex()
+        elif self.handshake is None:  # the challenge
+            self.handshake = Joining(self.terms, self.node_rank)
             # a failure not yet told goes first, once joined: a hello saying done would let the coordinator
             # stop waiting for this host before it heard of the failure
             done = self.done and (self.failure is None or self.said_failure)
+            self.line.send(self.handshake.hello(msg, done))
             self.said_done = done
-            self.line.send({"hello": self.node_rank, "nonce": self.nonce, "done": done,
-                            "mac": peer_proof(self.token, self.run, self.node_rank, self.challenge, self.nonce,
-                                              done)})
-        elif "welcome" in msg and self.nonce is not None:
-            expected = coordinator_proof(self.token, self.run, self.node_rank, self.nonce, self.challenge)
-            if msg["welcome"] != self.node_rank or not same_proof(msg.get("mac"), expected):
-                raise ProtocolError("the coordinator did not prove the run's token")
+        else:  # the welcome
+            self.handshake.check_welcome(msg)
+            self.line.seal(self.handshake.session_key(), "J", self.log)  # every line from now on has its MAC
             self.authenticated = self.joined = True
             self.last_heard = now
-        else:
-            raise ProtocolError("a message before the coordinator proved itself")
 
     def _on_word(self, msg, now):
         if "beat" in msg:
@@ -467,8 +343,8 @@ class Peer:
 
     def _connect(self, now):
         if not self.joined and now > self.join_by:
-            self.log("cannot reach the coordinator at %s:%d: this run has the controller's guarantees only"
-                     % self.addr)
+            self.log("cannot reach the coordinator at %s:%d within join_timeout: the run has the "
+                     "controller's guarantees only while a controller follows it" % self.addr)
             self.gave_up = True
             return
         if self.connecting is not None:
@@ -506,12 +382,17 @@ class Peer:
             else:
                 self.connecting = None
                 self.line = Line(sock, self.addr[0])
-                self.challenge = self.nonce = None
+                self.line_since = now
+                self.handshake = None
                 self.authenticated = False
                 return
         if sock is not None:
             sock.close()
         self.connecting = None
+
+    def unreached(self):
+        """The coordinator never let this peer in, and join_timeout has passed: it no longer tries."""
+        return self.gave_up and not self.joined
 
     def send(self, obj):
         if self.line is not None and not self.line.closed and self.authenticated:

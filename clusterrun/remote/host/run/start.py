@@ -25,7 +25,7 @@ def cmd_start(run_dir):
 def start_run(run_dir, spec, wake=None):
     """Write the spec (0600), fork the detached supervisor, and return its state once the ranks run; under
     the run folder's lock, which `clean` takes too (disk/lock.py). wake: a pipe (read end, write end) the
-    supervisor writes to at every exit record, for a follower in this process (push/receive.py)."""
+    supervisor writes to at every exit record, for a follower in this process (push/held.py)."""
     lock = run_lock(run_root(run_dir), wait=30.0)
     if lock is None:
         raise Fail("the run folder is gone or stays locked (a `clusterrun clean` on this host?)", "missing",

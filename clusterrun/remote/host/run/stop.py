@@ -8,7 +8,7 @@ import time
 from ..files import read_json, write_json_atomic
 from ..paths import attempt_dirs, run_root
 from ..procs import process_marker, rank_live, run_members, same_process, signal_rank
-from ..runstate import collect_exits, load_state, rank_ids
+from ..observe.state import collect_exits, load_state, rank_ids
 from ..wire import reply
 
 

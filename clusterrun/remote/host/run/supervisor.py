@@ -3,7 +3,8 @@
 Its promises hold with no controller alive: it enforces the run's time limit itself (stop reason
 "time-limit", the run ends with exit 4), and with the other hosts' supervisors (peers.py) it stops every
 rank on every host after the first failure anywhere, or when a host goes silent, or (job.hang_timeout,
-hang.py) when no rank anywhere has written a line for that long.
+hang.py) when no rank anywhere has written a line for that long. A host that never joined the mesh is
+recorded, and counted as lost once no controller follows the run (watch_mesh).
 """
 
 import os
@@ -16,6 +17,7 @@ from ..files import read_json, write_json_atomic
 from ..paths import exit_path
 from ..procs import MARKER_ENV, attempt_key, group_alive, process_marker, start_ticks
 from ..secrets import scrub_run
+from ..observe.state import followed_within
 from ..wire import PROTOCOL
 from .hang import HangWatch
 from .oom import OomWatch
@@ -56,6 +58,7 @@ class Supervisor:
             self.peer = Peer(peers, int(spec.get("node_rank", 0)), self.log) if peers.get("addr") else None
         self.told_failure = self.told_done = False
         self.mesh_errors = 0
+        self.mesh_note = None  # a node that never joined the mesh, as state.json says it (watch_mesh)
         self.hang = HangWatch.of(self)
         self.oom = OomWatch()
 
@@ -144,6 +147,8 @@ class Supervisor:
                  "started_at": self.started}
         if self.coordinator is not None:
             state["coordinator"] = {"port": self.coordinator.port}
+        if self.mesh_note is not None:
+            state["mesh"] = self.mesh_note
         return state
 
     def serving(self, now):
@@ -177,6 +182,38 @@ class Supervisor:
             if not self.running() and not self.told_done:
                 self.peer.done = True  # said now if joined, else in the hello
                 self.told_done = True
+        self.watch_mesh(now)
+
+    def watch_mesh(self, now):
+        """A node that never joined the mesh by join_timeout is never a silent downgrade (issue 32): it is
+        recorded (supervisor.log, state.json "mesh"), and once no controller follows the run, the
+        coordinator counts it as a lost host (every host stops) and a peer that never got in stops here."""
+        missing = self.coordinator.never_joined(now) if self.coordinator is not None else []
+        unreached = self.peer is not None and self.peer.unreached()
+        if not missing and not unreached:
+            return
+        watched = followed_within(self.run_dir, (self.coordinator or self.peer).host_lost)
+        self._note_mesh(missing, watched, now)
+        if watched:
+            return
+        if missing:
+            self.coordinator.count_lost(missing, "never joined the supervisors' mesh, and no controller follows "
+                                                 "the run")
+        if unreached and self.peer.stop_reason is None:
+            self.peer.stop_reason = ("never reached rank 0's host's coordinator within join_timeout, and no "
+                                     "controller follows the run")
+
+    def _note_mesh(self, missing, watched, now):
+        """Say it once, and again when a controller stops following: supervisor.log and state.json."""
+        if self.mesh_note is not None and self.mesh_note["counted_lost"] == (not watched):
+            return
+        what = ("node(s) %s never joined this host's coordinator" % ", ".join(str(n) for n in missing) if missing
+                else "this host never got into rank 0's host's coordinator")
+        self.log("mesh: %s within join_timeout; %s" % (what, "a controller follows the run: it keeps its "
+                 "guarantees" if watched else "no controller follows the run: counted as a lost host"))
+        self.mesh_note = {"never_joined": missing or [int(self.spec.get("node_rank", 0))],
+                          "at": (self.mesh_note or {}).get("at", now), "counted_lost": not watched}
+        self.write_state()
 
     def write_state(self):
         write_json_atomic(os.path.join(self.run_dir, "state.json"), self.state())

@@ -33,7 +33,7 @@ import select
 import struct
 import time
 
-from ..wire import Fail
+from ..wire import Fail, read_exact
 from . import gpus as gpu_query
 from .claims import Claims, describe, hand_over
 
@@ -143,18 +143,14 @@ class ClaimSession:
 
 
 def _read_exact(fd, n, timeout):
-    parts = []
-    while n:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        if not ready:
+    """n bytes of the raw descriptor, each read within timeout seconds of silence."""
+    def read(k):
+        if not select.select([fd], [], [], timeout)[0]:
             raise Fail("the launch said nothing for %g s: gone (its controller's machine asleep or cut off)"
                        % timeout, "aborted")
-        chunk = os.read(fd, min(n, 1 << 16))
-        if not chunk:
-            raise Fail("the controller went away", "aborted")
-        parts.append(chunk)
-        n -= len(chunk)
-    return b"".join(parts)
+        return os.read(fd, min(k, 1 << 16))
+
+    return read_exact(read, n, lambda: Fail("the controller went away", "aborted"))
 
 
 def status(verdict):

@@ -6,13 +6,14 @@ attached controller does (hosts/claims.py): when every host says it would say ye
 claim at once; if every one got it they start the run (run/start.py: the supervisor adopts the claim),
 else they give the claims back and stand in line again.
 
-Protocol (JSON lines over TCP, each at most run/peers.py's MAX_LINE, the same guards as the supervisors'
-mesh: the coordinator binds the inventory's addr on a port chosen during the push, lets in only the run's
-hosts, and both ends prove the token the controller gave them by a MAC (mac.py) over the other end's fresh nonce;
-RUN below is "wait:" + the attempt key):
-  coordinator → member   {"challenge": NONCE_C}
-  member → coordinator   {"hello": NODE, "nonce": NONCE_P, "done": false, "mac": PROOF_P}
-  coordinator → member   {"welcome": NODE, "mac": PROOF_C}              (proofs as in run/peers.py)
+Protocol (JSON lines over TCP, the kit's: channel/; the same guards as the supervisors' mesh: the
+coordinator binds the inventory's addr on a port chosen during the push, and its door, channel/gate.py,
+lets in only the run's hosts, then only a hello that proves the token the controller gave both ends):
+  first the kit's handshake (channel/__init__.py), PROTOCOL "wait", CONTEXT the attempt key, NODE the
+  member's node rank, DONE false:
+  coordinator → member   {"challenge", "for": "wait"}
+  member → coordinator   {"hello": NODE, "nonce", "done": false, "mac"}
+  coordinator → member   {"welcome": NODE, "mac"}
   member → coordinator   {"status": {"ready": BOOL, "position": N}}    every PROBE_S: how its host stands
                          {"tried": ROUND, "granted": BOOL}             its answer to a try
   coordinator → member   {"beat": TIME}                               every PROBE_S
@@ -20,7 +21,8 @@ RUN below is "wait:" + the attempt key):
                          {"release": ROUND}   not every host got it: give it back, stand in line again
                          {"go": ROUND}        every host has it: start the run
                          {"give_up": TEXT}    the wait ends (its timeout, `clusterrun stop`, a host gone)
-Anything else, or a wrong proof, drops that connection. A waiter that hears nothing from the other end
+After the welcome every line carries a MAC (channel/lines.py: Line.seal); one that fails is dropped and
+logged. Anything else, or a wrong proof, drops that connection. A waiter that hears nothing from the other end
 for host_lost seconds, or a member that cannot join within join_timeout, gives up. Giving up removes the
 queue entry and the pushed job; the run folder keeps only waited.json (why), which `status` reports.
 A waiter that dies (SIGKILL) leaves a stale queue entry (its pid is gone: ignored by everyone, removed
@@ -31,19 +33,22 @@ Files: RUN/waiter.json {"pid", "ticks", "since", "coordinator"} while it waits (
 """
 
 import os
-import select
 import shutil
 import signal
 import socket
 import sys
 import time
 
+from ..channel.gate import HELLO_TIMEOUT, Gatekeeper
+from ..channel.handshake import JoinError, Terms, join
+from ..channel.lines import Line, ProtocolError
 from ..files import read_json, write_json_atomic
-from ..procs import same_process, start_ticks
-from ..run.peers import (HELLO_TIMEOUT, MAX_PENDING, NONCE_HEX, Line, ProtocolError, coordinator_proof, is_hex,
-                         is_int, peer_proof, same_proof)
+from ..mac import ShortToken, check_token
 from ..net import resolve_all, source_for
+from ..procs import same_process, start_ticks
+from ..wire import Fail
 
+PROTOCOL = "wait"
 PROBE_S = 1.0
 TICK_S = 0.1
 WAITER_FILE = "waiter.json"
@@ -53,6 +58,10 @@ WAITED_FILE = "waited.json"
 def begin(run_dir, spec, conf, claim, start):
     """Fork the detached waiter (this process answers and ends); start(spec) starts the run when its turn
     comes. It keeps what it inherits open: the listening sockets, the run folder's receiving mark."""
+    try:
+        check_token(conf["token"])  # before the fork: the launch hears of it
+    except ShortToken as exc:
+        raise Fail("the wait's %s" % exc, "protocol") from None
     sys.stdout.flush()
     pid = os.fork()
     if pid:  # the queue entry is the waiter's from now on (this process ends: a stale owner otherwise)
@@ -117,8 +126,7 @@ def state(run_dir):
 class Waiter:
     def __init__(self, run_dir, spec, conf, claim, start):
         self.run_dir, self.spec, self.conf, self.claim, self.start = run_dir, spec, conf, claim, start
-        self.token = conf["token"]
-        self.key = "wait:" + str(conf.get("run") or "")
+        self.terms = Terms(PROTOCOL, conf["token"], conf.get("run") or "")
         self.host_lost = float(conf.get("host_lost") or 15)
         limit = conf.get("timeout")
         self.deadline = time.time() + float(limit) if limit else None
@@ -202,12 +210,11 @@ class Coordinator(Waiter):
     def __init__(self, run_dir, spec, conf, claim, start):
         Waiter.__init__(self, run_dir, spec, conf, claim, start)
         self.server = socket.socket(fileno=int(conf["listen_fd"])) if conf.get("listen_fd") is not None else None
-        if self.server is not None:
-            self.server.setblocking(False)
         self.expect = set(conf.get("expect") or [])
-        self.allow = resolve_all(conf.get("allow") or [])
+        self.gate = None if self.server is None else Gatekeeper(self.server, self.terms, self.expect,
+                                                                resolve_all(conf.get("allow") or []), self.log)
         self.join_by = time.time() + float(conf.get("join_timeout") or 60)
-        self.pending, self.members, self.ready_of, self.tried = {}, {}, {}, {}
+        self.members, self.ready_of, self.tried = {}, {}, {}
         self.round = 0
 
     def loop(self):
@@ -216,7 +223,6 @@ class Coordinator(Waiter):
             why = self.why_stop(now) or self._lost(now)
             if why:
                 return self._end(why)
-            self._accept(now)
             self._hear(now)
             if self.round:  # a round is on: wait for every host's answer
                 if len(self.tried) == len(self.expect) + 1 and self._settle():
@@ -274,55 +280,24 @@ class Coordinator(Waiter):
         return False
 
     def _close(self):
-        for line in list(self.members.values()) + list(self.pending):
+        for line in self.members.values():
             line.close()
-        if self.server is not None:
+        if self.gate is not None:
+            self.gate.close_pending()
             self.server.close()
 
-    def _accept(self, now):
-        while self.server is not None:
-            try:
-                sock, addr = self.server.accept()
-            except (BlockingIOError, InterruptedError, OSError):
-                break
-            ip = addr[0][7:] if addr[0].startswith("::ffff:") else addr[0]
-            if (self.allow and ip not in self.allow) or len(self.pending) >= MAX_PENDING:
-                sock.close()
-                continue
-            line = Line(sock, ip)
-            nonce = os.urandom(NONCE_HEX // 2).hex()
-            line.send({"challenge": nonce})
-            self.pending[line] = (nonce, now)
-
     def _hear(self, now):
-        for line, (nonce, since) in list(self.pending.items()):
-            try:
-                self._greet(line, nonce)
-            except (ProtocolError, KeyError, TypeError, ValueError):
-                line.close()
-            if line in self.pending and (line.closed or now - since > HELLO_TIMEOUT):
-                line.close()
-                del self.pending[line]
+        for node, line, _ in self.gate.tick() if self.gate is not None else ():
+            old = self.members.get(node)
+            if old is not None:
+                old.close()
+            self.members[node] = line
+            self.log("node %d joined the wait" % node)
         for node, line in list(self.members.items()):
             try:
                 self._listen(node, line)
             except (ProtocolError, KeyError, TypeError, ValueError):
                 line.close()
-
-    def _greet(self, line, nonce):
-        for msg in line.receive():
-            node = msg.get("hello")
-            if not (is_int(node) and node in self.expect and is_hex(msg.get("nonce"), NONCE_HEX)) or \
-                    not same_proof(msg.get("mac"), peer_proof(self.token, self.key, node, nonce, msg["nonce"], False)):
-                raise ProtocolError("not a proven hello")
-            del self.pending[line]
-            old = self.members.get(node)
-            if old is not None:
-                old.close()
-            self.members[node] = line
-            line.send({"welcome": node, "mac": coordinator_proof(self.token, self.key, node, msg["nonce"], nonce)})
-            self.log("node %d joined the wait" % node)
-            return
 
     def _listen(self, node, line):
         for msg in line.receive():
@@ -379,28 +354,18 @@ class Member(Waiter):
             time.sleep(0.5)
             return
         try:
-            sock.settimeout(HELLO_TIMEOUT)
-            challenge = _line(sock).get("challenge")
-            nonce = os.urandom(NONCE_HEX // 2).hex()
-            if not is_hex(challenge, NONCE_HEX):
-                raise ProtocolError("no challenge")
-            sock.sendall(("%s\n" % _dumps({"hello": self.node, "nonce": nonce, "done": False,
-                                            "mac": peer_proof(self.token, self.key, self.node, challenge, nonce,
-                                                              False)})).encode())
-            welcome = _line(sock)
-            if welcome.get("welcome") != self.node or not same_proof(
-                    welcome.get("mac"), coordinator_proof(self.token, self.key, self.node, nonce, challenge)):
-                raise ProtocolError("the coordinator did not prove the token")
-        except (OSError, ProtocolError, ValueError):
+            joining = join(sock, self.terms, self.node, time.monotonic() + HELLO_TIMEOUT)
+        except (OSError, JoinError):
             sock.close()
             time.sleep(0.5)
             return
         self.line = Line(sock, self.addr[0])
+        self.line.seal(joining.session_key(), "J", self.log)  # every line from now on has its MAC
         self.log("joined the wait at %s:%d" % self.addr)
 
     def _hear(self, now):
         try:
-            messages = self.line.receive()
+            messages = list(self.line.receive())
         except ProtocolError:
             self.line.close()
             return None
@@ -426,27 +391,3 @@ class Member(Waiter):
             return self.give_up(str(msg["give_up"])[:400])
         return None
 
-
-def _line(sock):
-    """One JSON line from a blocking socket (the handshake)."""
-    from ..run.peers import MAX_LINE, parse_line
-
-    data = b""
-    while b"\n" not in data:
-        ready, _, _ = select.select([sock], [], [], HELLO_TIMEOUT)
-        chunk = sock.recv(MAX_LINE) if ready else b""
-        if not chunk:
-            raise ProtocolError("closed during the handshake")
-        data += chunk
-        if len(data) > MAX_LINE:
-            raise ProtocolError("a line too long")
-    msg = parse_line(data.split(b"\n", 1)[0])
-    if msg is None:
-        raise ProtocolError("not a line of ours")
-    return msg
-
-
-def _dumps(obj):
-    import json
-
-    return json.dumps(obj)

@@ -4,12 +4,33 @@ import os
 import signal
 import time
 
-from .files import read_json, write_json_atomic
-from .paths import exit_path
-from .wire import Fail
-from .procs import process_marker, rank_live, run_members, same_process
-from .secrets import scrub_run
+from ..files import read_json, write_json_atomic
+from ..paths import exit_path
+from ..wire import Fail
+from ..procs import process_marker, rank_live, run_members, same_process
+from ..secrets import scrub_run
 
+
+
+FOLLOWED = "followed"  # touched once a second by every `follow` of the run (follow.py): a controller watches
+
+
+def mark_followed(run_dir):
+    try:
+        os.utime(os.path.join(run_dir, FOLLOWED))
+    except FileNotFoundError:
+        os.close(os.open(os.path.join(run_dir, FOLLOWED), os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError:  # a run folder going away: nobody is watching it any more
+        pass
+
+
+def followed_within(run_dir, seconds):
+    """Whether a controller followed the run (its `follow`, the launch's or `logs -f`'s, was here) within
+    the last seconds."""
+    try:
+        return time.time() - os.stat(os.path.join(run_dir, FOLLOWED)).st_mtime <= seconds
+    except OSError:
+        return False
 
 
 def load_state(run_dir, must_exist=True):
@@ -98,7 +119,7 @@ def finish_orphan(run_dir, spec):
     except OSError:  # a full disk: the next call tries again
         pass
     if spec.get("claim"):  # its claim is stale already (its owner is gone); this removes the file too
-        from .share.claims import release
+        from ..share.claims import release
 
         sup = (read_json(os.path.join(run_dir, "state.json")) or {}).get("supervisor") or {}
         release(spec["claim"], owner=sup.get("pid"))
