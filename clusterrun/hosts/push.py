@@ -163,7 +163,7 @@ class HeldPush:
         self.wait_port: Optional[int] = None  # --detach --wait, rank 0's host: where the other waiters join
         self.port = port  # a free port on the host, when asked for
         self.coordinator_port = coordinator_port  # rank 0's host: where the other supervisors join it
-        self.facts = facts  # for the preflight: {"python", "executable", "net"[, "port"]} (push/receive.py host_facts)
+        self.facts = facts  # for the preflight: {"python", "executable", "net"[, "port"]} (remote/host/push/facts.py)
         self._stream: Optional[Stream] = stream
 
     def start(self, spec: dict) -> dict:
@@ -171,7 +171,7 @@ class HeldPush:
         return self._start(spec, follow=False)[0]
 
     def start_following(self, spec: dict) -> Tuple[dict, FollowStream]:
-        """Start the run, then follow it on this same channel (remote/host/push/receive.py): the state, and
+        """Start the run, then follow it on this same channel (remote/host/push/held.py): the state, and
         the run's follow frames from its first byte; no second command, round trip or interpreter on the
         host for an attached launch."""
         return self._start(spec, follow=True)

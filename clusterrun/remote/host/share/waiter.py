@@ -2,7 +2,7 @@
 for its turn with nobody at the controller (the laptop can close). On each host a waiter (a detached fork
 of the push's receiving end, in its own session) owns the run's queue entry (share/claims.py) and the
 pushed job; rank 0's host's waiter coordinates, the others join it, and together they do what an
-attached controller does (hosts/claims.py): when every host says it would say yes, every host takes its
+attached controller does (launch/claiming.py): when every host says it would say yes, every host takes its
 claim at once; if every one got it they start the run (run/start.py: the supervisor adopts the claim),
 else they give the claims back and stand in line again.
 
