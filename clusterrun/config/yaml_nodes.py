@@ -245,14 +245,41 @@ def syntax_message(exc: yaml.MarkedYAMLError, lines: Sequence[str]) -> str:
     mark = exc.problem_mark or exc.context_mark
     context = exc.context_mark.line + 1 if exc.context_mark else (mark.line + 1 if mark else 1)
     problem = exc.problem or str(exc)
-    detail = next((text.format(context=context) for words, text in _SYNTAX if words in problem), problem)
+    detail = next((text.replace("{context}", str(context)) for words, text in _SYNTAX if words in problem), problem)
     line = mark.line + 1 if mark else 0
     if 0 < line <= len(lines):
         if "\t" in lines[line - 1]:
             detail += " (tabs are not allowed for indentation in YAML; use spaces)"
         if lines[line - 1].strip():
             detail += f": {lines[line - 1].rstrip()!r}"
+        before = _dedented_before(lines, line) if "indent" in detail else None
+        if before is not None:  # PyYAML notices a dedented line only at the next one
+            detail += (f"; or line {before} before it is indented less than its neighbours: "
+                       f"{lines[before - 1].rstrip()!r}")
     return detail
+
+
+def _indent(text: str) -> int:
+    return len(text) - len(text.lstrip(" "))
+
+
+def _content_lines(lines: Sequence[str], below: int) -> List[int]:
+    """The 1-based numbers of the lines above line `below` that hold something, nearest first."""
+    return [n for n in range(below - 1, 0, -1) if lines[n - 1].strip() and not lines[n - 1].lstrip().startswith("#")]
+
+
+def _dedented_before(lines: Sequence[str], line: int) -> Optional[int]:
+    """The line just before `line` when it, not `line`, is the likely mistake: indented less than both its
+    neighbours, or not indented under a key that opens a block (`env:`) with `line` indented deeper."""
+    above = _content_lines(lines, line)
+    if len(above) < 2:
+        return None
+    prev, prior = above[0], above[1]
+    here, mid, top = _indent(lines[line - 1]), _indent(lines[prev - 1]), _indent(lines[prior - 1])
+    opens = lines[prior - 1].split("#")[0].rstrip().endswith(":")
+    if mid < here and (mid < top or (opens and mid <= top)):
+        return prev
+    return None
 
 
 def compose(text: str, file: str) -> yaml.Node:

@@ -68,3 +68,24 @@ def test_rendered_commands_split_back_to_the_exact_argv_and_env(job_args, env):
     assignments = words[1:1 + len(rank.env)]
     assert dict(a.split("=", 1) for a in assignments) == dict(rank.env)
     assert tuple(words[1 + len(rank.env):]) == rank.argv
+
+
+OPENERS = ["{", "[", "'", '"', "{[", "[{", "{'", "['", "\"{", "'["]
+PLACES = ["hosts: {op}name: a, host: x", "hosts:\n  - {op}name: a, host: x, slots: 2\n  - name: b\n    host: y",
+          "hosts: [{{host: x}}]\njob: {op}script: t.py, args: [a]", "hosts: [{{host: x}}]\njob:\n  args: {op}a, b",
+          "hosts: [{{host: x}}]\njob:\n  script: {op}t.py\n  backend: gloo"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(OPENERS), st.sampled_from(PLACES), st.sampled_from(["", "\n", "\n# end\n", "}", "]"]))
+def test_every_unbalanced_bracket_and_quote_is_a_located_problem(op, place, tail):
+    """Each kind of unclosed bracket or quote, wherever it stands, is a located InventoryError (exit 2):
+    never a crash of the message formatter (the words hold literal braces and quotes)."""
+    text = "version: 1\n" + place.format(op=op) + tail
+    try:
+        parse_inventory(text, FILE)
+    except InventoryError as exc:
+        assert exc.problems and all(p.line >= 1 and p.column >= 1 and p.file == FILE for p in exc.problems)
+        assert exc.exit_code == 2
+    except UsageError:
+        pass

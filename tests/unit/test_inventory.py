@@ -246,6 +246,16 @@ def test_bad_outputs_ports_and_notify_name_their_place(fragment, where, message)
     ("version: 1\nhosts: [{host: a}]\njob:\n  script: a: b\n", "or a value holds ': ' (quote it: 'a: b')"),
     ("version: 1\nhosts: [{host: a}]\njob\n  script: t.py\n", "a ':' is missing after a key"),
     ("version: 1\nhosts: [{host: a}\n", "a [ ... ] list that began on line 2 is not closed"),
+    # an unclosed { in an inline host line: its message holds literal braces (a crash once: KeyError ' ')
+    ("version: 1\nhosts:\n  - {name: a, host: x, slots: 2\n  - name: b\n    host: y\n",
+     "inv.yaml:4:9: YAML syntax error: a { ... } mapping that began on line 3 is not closed"),
+    # PyYAML notices a dedented line only at the next one: both are named
+    ("version: 1\njob:\n  script: t.py\nargs: [a]\n  backend: gloo\nhosts: [{host: a}]\n",
+     "inv.yaml:5:3: YAML syntax error: the indentation is off"),
+    ("version: 1\njob:\n  script: t.py\nargs: [a]\n  backend: gloo\nhosts: [{host: a}]\n",
+     "; or line 4 before it is indented less than its neighbours: 'args: [a]'"),
+    ("version: 1\nhosts:\n  - host: x\n    env:\n    A: 1\n      B: 2\n",
+     "; or line 5 before it is indented less than its neighbours: '    A: 1'"),
 ])
 def test_yaml_mistakes_are_said_in_plain_words_with_the_line(text, expected):
     found = problems(text)
