@@ -24,13 +24,21 @@ def load(path: str, script: Optional[str] = None, args: Optional[Sequence[str]] 
     """The inventory with --script/--module and -- ARGS applied, SSH hosts' addresses filled from ~/.ssh/config."""
     from ..config.inventory import load_inventory, with_overrides
 
-    inv = with_overrides(load_inventory(path), script=script, args=list(args) if args else None, module=module)
+    inv = with_overrides(load_inventory(path), script=script, args=None if args is None else list(args),
+                         module=module)
     if any(h.connection == "ssh" for h in inv.hosts):
         from ..config.ssh_config import with_config_addresses
         from ..transport.openssh import config_options
 
         inv = with_config_addresses(inv, config_options())
     return inv
+
+
+def given_args(job_args: Sequence[str]) -> Optional[List[str]]:
+    """The job arguments after `--`: a bare `--` too (it clears job.args), None when there was no `--`
+    (click drops the `--` itself: JobArgsCommand notes that it was there)."""
+    ctx = click.get_current_context(silent=True)
+    return list(job_args) if job_args or (ctx is not None and ctx.meta.get(DASHDASH)) else None
 
 
 MIN_SECRET = 4  # shorter values cannot be masked without garbling ordinary output ("1" everywhere)
@@ -57,12 +65,16 @@ def secrets_of(inv: "Inventory") -> dict:
     return {name: os.environ[name] for name in inv.secrets}
 
 
+DASHDASH = "clusterrun.job_args_given"  # ctx.meta: the command line had a `--`
+
+
 class JobArgsCommand(click.Command):
     """A command whose trailing arguments are the job's: an option it does not know says that job
     arguments go after `--`, with the command line that does it (rather than click's "did you mean
     --help?")."""
 
     def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        ctx.meta[DASHDASH] = "--" in args
         try:
             return super().parse_args(ctx, list(args))
         except click.NoSuchOption as exc:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import click
 
-from .common import JobArgsCommand, forward_signals, load, secret_problem, secrets_of, store
+from .common import JobArgsCommand, forward_signals, given_args, load, secret_problem, secrets_of, store
 
 if TYPE_CHECKING:
     from ..config.inventory import Inventory
@@ -39,7 +39,7 @@ def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run
     timeout = _duration(wait_timeout) if wait_timeout is not None else None
     if timeout is not None and not wait:
         raise click.UsageError("--wait-timeout goes with --wait")
-    inv = load(inventory, script, job_args, module=module)
+    inv = load(inventory, script, given_args(job_args), module=module)
     from ..config.inventory import check_job_files, with_rank_flags_decided
 
     check_job_files(inv)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 import click
 
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from .common import JobArgsCommand, forward_signals, load, secret_problem, secrets_of, store
+from .common import JobArgsCommand, forward_signals, given_args, load, secret_problem, secrets_of, store
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -68,7 +68,8 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
     methods = (init_methods or inv.job.init_method).split(",")
     sizes = _int_list(data_sizes, "--data-size") if data_sizes else [None]
     sw.check_grid(inv, node_counts, methods)
-    args = list(job_args) if job_args else list(inv.job.args)
+    given = given_args(job_args)
+    args = list(inv.job.args) if given is None else given
     points = sw.grid(node_counts, _int_list(batch_sizes, "--batch-size"), methods, sizes, repeat)
     ident = sw.sweep_id(inv, points, args)
     folder = out_dir or os.path.join("sweeps", ident)

@@ -259,6 +259,9 @@ def with_overrides(inv: Inventory, *, script: Optional[str] = None, args: Option
     if script is not None:
         full = os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(script)))
         root = job.root
+        if not os.path.lexists(full):  # said of the path as given, which is the current folder's, not job.root's
+            raise UsageError(f"--script {script}: {full} does not exist (--script is relative to the current "
+                             f"folder, {cwd or os.getcwd()})")
         if not (full == root or full.startswith(root.rstrip(os.sep) + os.sep)):
             raise UsageError(f"--script {script}: {full} is outside the job root {root}; "
                              "set job.root in the inventory to a folder that holds it")

@@ -165,6 +165,28 @@ def test_overrides_from_the_command_line(tmp_path):
     assert inv.job.args == ("--epochs", "3")
     with pytest.raises(UsageError, match="outside the job root"):
         with_overrides(inv, script="/etc/passwd")
+    # a --script that is not there is said of the current folder it was given in, not of job.root
+    with pytest.raises(UsageError) as missing:
+        with_overrides(inv, script="jobs/typo.py", cwd=str(tmp_path / "jobs"))
+    assert str(missing.value) == (f"--script jobs/typo.py: {tmp_path}/jobs/jobs/typo.py does not exist (--script "
+                                  f"is relative to the current folder, {tmp_path}/jobs)")
+    assert with_overrides(inv, args=[]).job.args == ()  # a bare `--` clears job.args
+
+
+def test_a_bare_double_dash_clears_job_args(tmp_path, capsys, cr_home):
+    """`launch INV --` runs the job with no arguments (click drops the `--`; JobArgsCommand notes it)."""
+    import json
+
+    from clusterrun.cli import run
+
+    (tmp_path / "t.py").write_text("")
+    (tmp_path / "inv.yaml").write_text("version: 1\nhosts: [{name: a, connection: local}]\n"
+                                       "job: {script: t.py, args: [--epochs, '9']}\n")
+    argvs = []
+    for extra in ([], ["--"]):
+        assert run(["launch", "--dry-run", "--json", str(tmp_path / "inv.yaml"), *extra]) == 0
+        argvs.append(json.loads(capsys.readouterr().out)["nodes"][0]["ranks"][0]["argv"])
+    assert argvs[0][-2:] == ["--epochs", "9"] and "--epochs" not in argvs[1], argvs
 
 
 def test_job_files_must_exist_and_not_link_out(tmp_path):
