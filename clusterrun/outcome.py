@@ -198,6 +198,17 @@ _HINTS = (
     (re.compile(r"arguments are required:.*--(rank|world-size)"),
      "the script wants --rank/--world-size: set job.rank_flags: true, or pass them in job.args with "
      "placeholders ({rank}, {world_size})"),
+    # a script that reads sys.argv by position got clusterrun's --rank first (int(sys.argv[1]) on '--rank')
+    (re.compile(r"'--(rank|world-size)'"),
+     "the script reads its arguments by position (sys.argv[1], ...) and got --\\1 there: clusterrun puts "
+     "`--rank i --world-size n` before job.args; set job.rank_flags: false (RANK and WORLD_SIZE are in its "
+     "environment) and, where the script wants them, {rank} and {world_size} placeholders in job.args after "
+     "its own arguments"),
+    # torch's c10d store client when MASTER_ADDR says localhost (the DDP tutorial's setup()) on another host
+    (re.compile(r"(?:failed to connect to|connect to) \[?(localhost|127\.0\.0\.1)\]?:(\d+)"),
+     "the rank looked for rank 0 at \\1:\\2, its own host: the script sets MASTER_ADDR (or its init_method) "
+     "itself, as the DDP tutorial's setup() does; clusterrun gives every rank MASTER_ADDR and MASTER_PORT: "
+     "remove those lines, or use os.environ.setdefault(...)"),
     (re.compile(r"No module named '(torch)\b"),
      "the host's Python has no torch: set python: (under defaults:, or per host) to an interpreter that has "
      "it, such as a venv's bin/python, or install torch there; `clusterrun check INVENTORY` tests every host"),
@@ -208,6 +219,12 @@ _HINTS = (
      "something already listens on the master port on rank 0's host (another run still going? `clusterrun "
      "ps`); master: {port: auto} takes a free port"),
 )
+# torch (2.13, gloo) aborts in its exit handlers, in about a third of multi-host runs, when a script ends
+# without destroying its process group: the rank printed its last lines, then this, then SIGABRT.
+_ABORT_AT_EXIT = "terminate called without an active exception"
+_ABORT_HINT = ("the rank ended its work and aborted at exit (SIGABRT, \"terminate called without an active "
+               "exception\"): torch's process group was still up when Python exited; call "
+               "torch.distributed.destroy_process_group() at the end of the script")
 # A collective that timed out: torch's NCCL watchdog, gloo's transport.
 _NCCL_TIMEOUT = re.compile(r"WorkNCCL\((?=[^)]*OpType=(\w+))(?=[^)]*Timeout\(ms\)=(\d+))(?:[^)]*SeqNum=(\d+))?")
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
@@ -251,6 +268,8 @@ def hint_for(result: RankResult, addresses: Optional[Addresses] = None) -> str:
     the run knows of its hosts' addresses (plan.known_addresses), to say whose an address is. A hint may
     name INVENTORY, for the one who shows it to replace."""
     text = "\n".join(result.tail)
+    if result.signal == _signal.SIGABRT and _ABORT_AT_EXIT in text:
+        return _ABORT_HINT
     for pattern, hint in _HINTS:
         found = pattern.search(text)
         if found:

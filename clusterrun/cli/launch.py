@@ -59,6 +59,14 @@ def _duration(text: str) -> float:
     return value
 
 
+def script_notes(inv: "Inventory") -> list:
+    """What a launch says of the script before it starts: (text, style) lines."""
+    from ..config.job import rendezvous_overrides
+
+    notes = [(rank_flags_note(inv), "dim")] if rank_flags_note(inv) else []
+    return notes + [(f"warning: {w}", "yellow") for w in rendezvous_overrides(inv.job, len(inv.hosts))]
+
+
 def rank_flags_note(inv: "Inventory") -> str:
     """What a launch says when it left --rank/--world-size out because of what the script is ("" otherwise)."""
     if inv.job.rank_flags_from != "script":
@@ -78,8 +86,8 @@ def _dry_run(inv: "Inventory", run_id: str, as_json: bool) -> int:
     plan = build_plan(inv, run_id)
     routes = _routes(inv)
     err = console(stderr=True)
-    if rank_flags_note(inv):
-        err.print(Text(rank_flags_note(inv), style="dim"))
+    for text, style in script_notes(inv):
+        err.print(Text(text, style=style))
     if secret_problem(inv):  # the launch would refuse: say so now rather than after the user trusts the plan
         err.print(Text(f"warning: {secret_problem(inv)}; `launch` without --dry-run would refuse (exit 2)",
                        style="yellow"))
@@ -135,8 +143,8 @@ def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool, wait: bo
                     wait=wait, wait_timeout=wait_timeout)
     view.err.print(Text(f"run {run_id}: {sum(h.slots for h in inv.hosts)} ranks on {len(inv.hosts)} hosts",
                         style="bold"))
-    if rank_flags_note(inv):
-        view.err.print(Text(rank_flags_note(inv), style="dim"))
+    for text, style in script_notes(inv):
+        view.err.print(Text(text, style=style))
     try:
         with forward_signals(runner.interrupt):
             outcome = runner.run()

@@ -259,6 +259,38 @@ def with_rank_flags_decided(job: Job) -> Job:
     return replace(job, rank_flags=False, rank_flags_from="script")
 
 
+# The DDP tutorial's setup(): os.environ['MASTER_ADDR'] = 'localhost' (and a port), or an init_method that
+# names this machine: each overrides what clusterrun gives every rank.
+_SETS_MASTER = re.compile(r"""os\.environ\[\s*(['"])(MASTER_ADDR|MASTER_PORT)\1\s*\]\s*=(?!=)\s*([^#\n]*)""")
+_LOCAL_URL = re.compile(r"""['"]tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0)[:'"]""")
+
+
+def rendezvous_overrides(job: Job, hosts: int) -> List[str]:
+    """Lines of the entry script that set the rendezvous themselves, each as a warning with file:line and
+    the fix (hosts: how many hosts the run has; on one, only a fixed port is worth a word)."""
+    source = _entry_source(job)
+    if source is None:
+        return []
+    name = job.script or job.module
+    out = []
+    for number, line in enumerate(source.splitlines(), 1):
+        found = _SETS_MASTER.search(line)
+        if found and found.group(2) == "MASTER_ADDR" and hosts > 1:
+            out.append(f"{name}:{number} sets MASTER_ADDR = {found.group(3).strip()} itself (as the DDP tutorial's "
+                       "setup() does): every rank would look for rank 0 on its own host and wait out torch's "
+                       "timeout; clusterrun gives every rank MASTER_ADDR and MASTER_PORT: remove the line, or "
+                       "use os.environ.setdefault(...)")
+        elif found and found.group(2) == "MASTER_PORT":
+            out.append(f"{name}:{number} sets MASTER_PORT = {found.group(3).strip()} itself: the ranks use that "
+                       "port, not the one clusterrun chose (master.port), so a port in use there is not caught "
+                       "before the start; remove the line, or use os.environ.setdefault(...)")
+        elif hosts > 1 and _LOCAL_URL.search(line):
+            out.append(f"{name}:{number} names this machine in a tcp:// init_method ({_LOCAL_URL.search(line).group(1)}): "
+                       "on other hosts that is not rank 0's; use init_method=\"env://\" (clusterrun sets "
+                       "MASTER_ADDR/MASTER_PORT) or the {dist_url} placeholder in job.args")
+    return out
+
+
 def _entry_source(job: Job) -> Optional[str]:
     """The text of the script (or the module's file) the ranks run; None when it cannot be read."""
     if job.module:

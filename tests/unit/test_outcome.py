@@ -113,3 +113,22 @@ def test_root_cause_hints_for_a_python_without_torch_and_a_taken_port():
     # names the inventory)
     assert "lacks the module yaml" in hint("ModuleNotFoundError: No module named 'yaml'")
     assert "master: {port: auto}" in hint("error: [... code: -98, name: EADDRINUSE, message: address already in use]")
+
+
+def test_root_cause_hints_for_positional_argv_and_the_abort_at_exit():
+    """Two causes the first hour met with only "exit code 1" / "signal SIGABRT" to go on (issue 36)."""
+    import signal
+
+    from clusterrun.outcome import hint_for
+
+    positional = hint_for(RankResult(0, 0, "a", RankState.FAILED, exit_code=1, tail=(
+        "Traceback (most recent call last):", '  File "train.py", line 5, in <module>',
+        "    epochs = int(sys.argv[1])", "ValueError: invalid literal for int() with base 10: '--rank'")))
+    assert "reads its arguments by position" in positional and "got --rank there" in positional
+    assert "job.rank_flags: false" in positional and "{rank}" in positional
+    aborted = RankResult(1, 1, "b", RankState.FAILED, signal=signal.SIGABRT, tail=(
+        "epoch 2 done, accuracy 0.97", "terminate called without an active exception"))
+    assert "torch.distributed.destroy_process_group()" in hint_for(aborted)
+    # the same words from a rank that ended with an exit code are not this (its own C++ code threw)
+    assert "destroy_process_group" not in hint_for(RankResult(1, 1, "b", RankState.FAILED, exit_code=1,
+                                                              tail=aborted.tail))

@@ -144,3 +144,30 @@ def replace_job(i, job):
     from dataclasses import replace
 
     return replace(i, job=replace(job, args=i.job.args))
+
+
+def test_a_script_that_sets_the_rendezvous_itself_is_named_before_the_launch(tmp_path):
+    """The DDP tutorial's setup() hard-codes MASTER_ADDR='localhost' and a port: on several hosts the ranks
+    loop on "failed to connect to [localhost]:12355" until torch's 30-minute default (issue 36)."""
+    from clusterrun.config.job import rendezvous_overrides
+
+    job = inv(tmp_path, "{script: train.py}").job
+    (tmp_path / "train.py").write_text("import os\ndef setup(rank, world_size):\n"
+                                       "    os.environ['MASTER_ADDR'] = 'localhost'  # tutorial\n"
+                                       '    os.environ["MASTER_PORT"]="12355"\n'
+                                       "    if os.environ['MASTER_ADDR'] == 'x': pass\n"
+                                       "    url = 'tcp://127.0.0.1:23456'\n")
+    found = rendezvous_overrides(job, hosts=2)
+    assert [w.split(" ", 1)[0] for w in found] == ["train.py:3", "train.py:4", "train.py:6"], found
+    assert "sets MASTER_ADDR = 'localhost' itself" in found[0] and "os.environ.setdefault" in found[0]
+    assert "sets MASTER_PORT = \"12355\" itself" in found[1]
+    assert "names this machine in a tcp:// init_method (127.0.0.1)" in found[2]
+    assert [w.split(" ", 1)[0] for w in rendezvous_overrides(job, hosts=1)] == ["train.py:4"]  # one host
+    (tmp_path / "train.py").write_text("os.environ.setdefault('MASTER_ADDR', 'localhost')\n")
+    assert rendezvous_overrides(job, hosts=2) == []
+    # and when it happened anyway: the root cause names it
+    failed = RankResult(2, 1, "b", RankState.FAILED, exit_code=1, tail=(
+        "[W socket.cpp:755] [c10d] The client socket has failed to connect to [localhost]:12355 (errno: 111).",
+        "torch.distributed.DistNetworkError: The client socket has timed out after 1800000ms while trying to "
+        "connect to (localhost, 12355)."))
+    assert "looked for rank 0 at localhost:12355, its own host" in hint_for(failed)
