@@ -141,10 +141,10 @@ def test_a_firewall_between_a_worker_and_rank0_is_named_within_15s(cr, cluster):
         print(f"\nwarned {took:.1f} s after the launch began")
         assert took < 15  # start-up, then 8 s in SYN-SENT
         assert proc.poll() is None  # the run is not stopped for it
-    finally:
+    finally:  # the run is stopped whatever the test found: the next test starts on quiet hosts
         cluster.exec("node2", ["iptables", "-D", *rule], user="root")
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
 
 
 SECRET = "s3cr3t-Välue-4217"
