@@ -130,8 +130,9 @@ def new_run_id(now: Optional[float] = None) -> str:
 
 
 def attempt_key(run_id: str, attempt: int) -> str:
-    """How the host program names an attempt's folder: RUN for the first, RUN/attempt-K after a restart."""
-    return run_id if attempt == 0 else f"{run_id}/attempt-{attempt}"
+    """How the host program names an attempt's folder: RUN for the first, RUN/attempt-N for attempt N after a
+    restart (attempt: the plan's index, 0 for the first; N counts from 1, as everything a user sees does)."""
+    return run_id if attempt == 0 else f"{run_id}/attempt-{attempt + 1}"
 
 
 def run_dir_for(host: Host, run_id: str) -> str:
@@ -226,7 +227,7 @@ def build_plan(inv: Inventory, run_id: str, *, master_port: Optional[int] = None
     master_addr = members[0].master_addr
     url = init_url(inv, run_id, master_addr, port_text, attempt)
     common = {"world_size": world, "nnodes": len(members), "master_addr": master_addr, "master_port": port_text,
-              "dist_url": url, "run_id": run_id, "attempt": attempt}
+              "dist_url": url, "run_id": run_id, "attempt": attempt + 1}
     nodes = []
     rank = 0
     for node_rank, (index, host) in enumerate(zip(indices, members)):
@@ -258,7 +259,7 @@ def _contract_env(inv: Inventory, host: Host, values: Mapping[str, object], port
         "CLUSTERRUN_RUN_ID": str(values["run_id"]), "CLUSTERRUN_NODE_NAME": host.name,
         "CLUSTERRUN_DIST_URL": str(values["dist_url"]), "CLUSTERRUN_DIST_BACKEND": inv.job.backend,
         "CLUSTERRUN_TIMEOUT": str(int(inv.job.timeout_s)), "CLUSTERRUN_ATTEMPT": str(values["attempt"]),
-        "TORCHELASTIC_RESTART_COUNT": str(values["attempt"]),
+        "TORCHELASTIC_RESTART_COUNT": str(int(values["attempt"]) - 1),  # torch's: restarts so far
         "CLUSTERRUN_CHECKPOINT_DIR": inv.job.checkpoint_dir or f"{run_dir_for(host, str(values['run_id']))}/checkpoints",
     }
 
@@ -365,7 +366,7 @@ def plan_to_dict(plan: LaunchPlan) -> dict:
         "run_id": plan.run_id, "world_size": plan.world_size, "master_addr": plan.master_addr,
         "master_port": plan.master_port, "init_url": plan.init_url, "backend": plan.backend,
         "timeout_s": plan.timeout_s, "time_limit_s": plan.time_limit_s, "secret_names": list(plan.secret_names),
-        "launcher": plan.launcher, "attempt": plan.attempt,
+        "launcher": plan.launcher, "attempt": plan.attempt + 1,
         "nodes": [{"node_rank": n.node_rank, "index": n.index, "name": n.host.name, "host": n.host.host,
                    "connection": n.host.connection, "run_dir": n.run_dir,
                    "gpus": list(n.gpus) if isinstance(n.gpus, tuple) else n.gpus,

@@ -42,7 +42,7 @@ def notify_conf(inv: Inventory, plan: LaunchPlan, node: NodePlan, detached: bool
     env.update({"CLUSTERRUN_PYTHON": node.host.python})
     # restarts are the controller's: a detached run (or one whose controller died) makes no new attempt
     left = 0 if detached else max(0, inv.job.restarts - plan.attempt)
-    return {"commands": list(inv.notify), "timeout": inv.timeouts.notify, "env": env, "attempt": plan.attempt,
+    return {"commands": list(inv.notify), "timeout": inv.timeouts.notify, "env": env, "attempt": plan.attempt + 1,
             "restarts_left": left}
 
 

@@ -26,7 +26,7 @@ class AttemptRecord:
     ranks: Tuple[RankResult, ...]
 
     def to_json(self) -> dict:
-        return {"attempt": self.attempt, "started_at": self.started_at, "ended_at": self.ended_at,
+        return {"attempt": self.attempt + 1, "started_at": self.started_at, "ended_at": self.ended_at,
                 "hosts": list(self.hosts), "world_size": self.world_size, "state": self.state.value,
                 "exit_code": self.exit_code, "reason": self.reason, "dropped": list(self.dropped),
                 "ranks": [r.to_json() for r in self.ranks]}
@@ -103,7 +103,7 @@ class RunRecord:
                 "created_at": self.created_at, "ended_at": self.ended_at, "inventory": self.inventory,
                 "detached": self.detached, "phases": self.phases, "hosts": [h.to_json() for h in self.hosts],
                 "ranks": [r.to_json() for r in self.ranks], "cleanup_pending": self.cleanup_pending,
-                "attempt": self.attempt, "restarts": self.restarts,
+                "attempt": self.attempt + 1, "restarts": self.restarts,  # 1 for the first, as everywhere shown
                 "attempts": [a.to_json() for a in self.attempts], "outputs": list(self.outputs),
                 "pulled": list(self.pulled),
                 # network.ifname: what each host's ranks were given and why (plan.NetChoice)

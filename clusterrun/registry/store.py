@@ -221,7 +221,7 @@ class RunStore:
     def _attempt_dir(self, run_id: str, attempt: int) -> str:
         folder = self.log_dir(run_id)
         if attempt:
-            folder = os.path.join(folder, f"attempt-{attempt}")
+            folder = os.path.join(folder, f"attempt-{attempt + 1}")
             os.makedirs(folder, 0o700, exist_ok=True)
         return folder
 
@@ -241,7 +241,7 @@ class RunStore:
 
     def log_file(self, run_id: str, rank: int, attempt: int = 0) -> str:
         """Where the local copy of a rank's log is (or would be); makes nothing."""
-        parts = [self.home, "runs", run_id] + ([f"attempt-{attempt}"] if attempt else [])
+        parts = [self.home, "runs", run_id] + ([f"attempt-{attempt + 1}"] if attempt else [])
         return os.path.join(*parts, f"rank-{rank}.log")
 
 

@@ -91,7 +91,7 @@ def test_attached_the_root_cause_says_where_and_the_restart_applies(cr, cluster)
     assert "attempt 2/2" in done.stderr
     assert re.search(r"hung: no output for 10s; rank 2 on node2 in slow_loader \(hang\.py:\d+\)", done.stderr)
     run = cr.ps()[0]
-    assert (run["state"], run["attempt"]) == ("succeeded", 1), run
+    assert (run["state"], run["attempt"]) == ("succeeded", 2), run
     first = run["attempts"][0]
     assert first["reason"].startswith("hung: no output for 10s; rank 2 on node2 in slow_loader"), first
 

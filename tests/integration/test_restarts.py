@@ -25,8 +25,8 @@ def train_inventory(cr, name, **job):
                                    "args": TRAIN, "timeout": "60s", **job}, top={"timeouts": FAST})
 
 
-def local_log(cr, run_id, rank, attempt=0):
-    folder = Path(cr.env["CLUSTERRUN_HOME"]) / "runs" / run_id / (f"attempt-{attempt}" if attempt else "")
+def local_log(cr, run_id, rank, attempt=1):
+    folder = Path(cr.env["CLUSTERRUN_HOME"]) / "runs" / run_id / (f"attempt-{attempt}" if attempt > 1 else "")
     path = folder / f"rank-{rank}.log"
     return path.read_text(errors="replace") if path.exists() else ""
 
@@ -55,7 +55,7 @@ def test_a_rank_killed_in_epoch_2_resumes_from_the_epoch_1_checkpoint(cr, cluste
         rc, out, _ = cluster.exec("node2", ["kill", "-KILL", str(rank_pid(cluster, "node2", run_id, 2))])
         assert rc == 0, out
         t_fault = time.monotonic()
-        wait_for(lambda: "epoch 2 step 1/" in local_log(cr, run_id, 0, attempt=1), timeout=120,
+        wait_for(lambda: "epoch 2 step 1/" in local_log(cr, run_id, 0, attempt=2), timeout=120,
                  what="the new attempt's first step")
         took = time.monotonic() - t_fault
         out, err = proc.communicate(timeout=600)
@@ -67,10 +67,10 @@ def test_a_rank_killed_in_epoch_2_resumes_from_the_epoch_1_checkpoint(cr, cluste
     assert proc.returncode == 0, err[-3000:]
     assert "attempt 2/2 on 4 hosts in 1 s" in err
     assert "rank 2 on node2: killed by signal 9 (SIGKILL)" in err  # the attempts table
-    resumed = local_log(cr, run_id, 0, attempt=1)
+    resumed = local_log(cr, run_id, 0, attempt=2)
     assert "resuming from the epoch 1 checkpoint" in resumed and "epoch 1 step" not in resumed
     run = cr.ps()[0]
-    assert run["attempt"] == 1 and [a["reason"] for a in run["attempts"]] == \
+    assert run["attempt"] == 2 and [a["reason"] for a in run["attempts"]] == \
         ["rank 2 on node2: killed by signal 9 (SIGKILL)"]
     accuracy = metrics(cluster, run_id)["test_accuracy"]
     print(f"held-out accuracy: {accuracy:.4f} after the restart, {baseline:.4f} without the fault")
@@ -88,7 +88,7 @@ def test_a_lost_host_is_dropped_and_the_run_goes_on_with_the_rest(cr, cluster, l
     cluster.crash(lost)
     t_fault = time.monotonic()
     try:
-        wait_for(lambda: "rank 0 step 0" in local_log(cr, run_id, 0, attempt=1), timeout=120,
+        wait_for(lambda: "rank 0 step 0" in local_log(cr, run_id, 0, attempt=2), timeout=120,
                  what="the new attempt's first step")
         took = time.monotonic() - t_fault
         out, err = proc.communicate(timeout=300)
@@ -102,7 +102,7 @@ def test_a_lost_host_is_dropped_and_the_run_goes_on_with_the_rest(cr, cluster, l
     run = cr.ps()[0]
     assert run["state"] == "succeeded" and len(run["ranks"]) == 3
     assert [h["name"] for h in run["hosts"] if h["state"] == "lost"] == [lost]
-    rank0 = local_log(cr, run_id, 0, attempt=1)
+    rank0 = local_log(cr, run_id, 0, attempt=2)
     assert re.search(rf"worker rank 0/3 on {master}\b", rank0), rank0[:500]  # MASTER_ADDR is rank 0's host's
     assert run["attempts"][0]["world_size"] == 4 and run["attempts"][0]["dropped"] == []
     assert took < 5 + 2 + 5 + 8  # host_lost + grace + 5 s, and this busy 2-core machine's slack
@@ -117,4 +117,4 @@ def test_restarts_exhausted_exit_1_and_list_every_attempts_cause(cr):
     rows = re.findall(r"^│ (\d) .*rank 2 on node2: exit code 7", done.stderr, re.M)
     assert rows == ["1", "2"], done.stderr
     run = cr.ps()[0]
-    assert run["state"] == "failed" and run["exit_code"] == 1 and run["attempt"] == 1
+    assert run["state"] == "failed" and run["exit_code"] == 1 and run["attempt"] == 2

@@ -1,6 +1,7 @@
 """job.restarts end to end on this machine: two nodes (`connection: local`, one workdir each), real gloo ranks.
 
-The job fails (rank 1 exits 7) while its attempt number is below the one given on its command line."""
+The job fails (rank 1 exits 7) while its attempt number (1 for the first) is at most the one given on its
+command line."""
 
 import json
 import os
@@ -24,7 +25,7 @@ JOB = textwrap.dedent("""\
     import torch.distributed as dist
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ["CLUSTERRUN_ATTEMPT"])
-    assert os.environ["TORCHELASTIC_RESTART_COUNT"] == str(attempt)
+    assert os.environ["TORCHELASTIC_RESTART_COUNT"] == str(attempt - 1)  # torch counts restarts
     dist.init_process_group("gloo", init_method=os.environ["CLUSTERRUN_DIST_URL"], rank=rank, world_size=world)
     folder = os.environ["CLUSTERRUN_CHECKPOINT_DIR"]
     with open(os.path.join(folder, "seen"), "a") as fh:  # the same folder on every attempt
@@ -32,7 +33,7 @@ JOB = textwrap.dedent("""\
     with open("cwd-seen", "a") as fh:  # the same job folder on every attempt
         fh.write(f"{attempt} {rank}\\n")
     print(f"rank {rank} attempt {attempt} port {os.environ['MASTER_PORT']}", flush=True)
-    if attempt < int(sys.argv[-1]) and rank == 1:
+    if attempt <= int(sys.argv[-1]) and rank == 1:
         os._exit(7)
     dist.barrier()
     dist.destroy_process_group()
@@ -70,22 +71,22 @@ def test_a_failed_attempt_restarts_in_the_same_folders_and_succeeds(project):
     done = launch(project, "--", "1")
     assert done.returncode == 0, done.stderr
     assert "attempt 2/3 on 2 hosts in 0.5 s" in done.stderr
-    assert "[a r0] rank 0 attempt 1" in done.stdout and "[b r1] rank 1 attempt 1" in done.stdout
+    assert "[a r0] rank 0 attempt 2" in done.stdout and "[b r1] rank 1 attempt 2" in done.stdout
     for host in "ab":
         folder = run_dir(project, host)
-        assert (folder / "checkpoints" / "seen").read_text() == "0\n1\n"
-        assert (folder / "attempt-1" / f"rank-{'ab'.index(host)}.exit").exists()
+        assert (folder / "checkpoints" / "seen").read_text() == "1\n2\n"
+        assert (folder / "attempt-2" / f"rank-{'ab'.index(host)}.exit").exists()
         assert sorted((folder / "job" / "cwd-seen").read_text().split("\n")[:-1]) == \
-            [f"0 {'ab'.index(host)}", f"1 {'ab'.index(host)}"]
+            [f"1 {'ab'.index(host)}", f"2 {'ab'.index(host)}"]
     ports = {line.split()[-1] for line in done.stdout.splitlines() if " attempt " in line and " port " in line}
     assert len(ports) == 2  # MASTER_PORT afresh for the new attempt
     record = ps()
-    assert record["state"] == "succeeded" and record["attempt"] == 1 and record["restarts"] == 2
+    assert record["state"] == "succeeded" and record["attempt"] == 2 and record["restarts"] == 2
     assert [a["reason"] for a in record["attempts"]] == ["rank 1 on b: exit code 7"]
     first = subprocess.run(CLI + ["logs", "--attempt", "1"], capture_output=True, text=True)
-    assert "rank 1 attempt 0" in first.stdout and "attempt 1 " not in first.stdout
+    assert "rank 1 attempt 1" in first.stdout and "attempt 2 " not in first.stdout
     last = subprocess.run(CLI + ["logs"], capture_output=True, text=True)
-    assert "rank 1 attempt 1" in last.stdout and "attempt 0" not in last.stdout
+    assert "rank 1 attempt 2" in last.stdout and "attempt 1 " not in last.stdout
     table = subprocess.run(CLI + ["ps"], capture_output=True, text=True).stdout
     assert "succeeded (2/3)" in table
 
@@ -129,6 +130,6 @@ def test_ctrl_c_during_the_delay_exits_130_and_restarts_nothing(project):
     assert proc.returncode == 130, err
     assert "before attempt 2 started" in err
     for host in "ab":
-        assert not (run_dir(project, host) / "attempt-1").exists()
+        assert not (run_dir(project, host) / "attempt-2").exists()
     record = ps()
     assert record["state"] == "interrupted" and record["exit_code"] == 130

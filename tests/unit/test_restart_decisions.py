@@ -43,9 +43,9 @@ def test_lost_hosts_are_dropped_and_ranks_renumbered_with_a_new_master():
         [(0, 1, "b", [0]), (1, 2, "c", [1])]
     env = new.nodes[1].ranks[0].env
     assert (env["RANK"], env["WORLD_SIZE"], env["NODE_RANK"], env["GROUP_WORLD_SIZE"]) == ("1", "2", "1", "2")
-    assert (env["CLUSTERRUN_ATTEMPT"], env["TORCHELASTIC_RESTART_COUNT"]) == ("1", "1")
+    assert (env["CLUSTERRUN_ATTEMPT"], env["TORCHELASTIC_RESTART_COUNT"]) == ("2", "1")
     assert env["CLUSTERRUN_CHECKPOINT_DIR"] == f"~/.clusterrun/runs/{RUN}/checkpoints"
-    assert new.attempt_key == f"{RUN}/attempt-1" and new.nodes[0].run_dir.endswith(f"/runs/{RUN}")
+    assert new.attempt_key == f"{RUN}/attempt-2" and new.nodes[0].run_dir.endswith(f"/runs/{RUN}")
 
 
 def test_a_fixed_master_port_is_kept():

@@ -424,15 +424,15 @@ def test_rank0s_host_lost_the_next_attempt_runs_on_the_rest_with_a_new_master(tm
     t, out = w.run_in_thread(w.runner())
     w.wait_started()
     beat_until(w, "bc", lambda: any(c[0] == "start-attempt" for c in w.calls))  # a is silent: lost
-    beat_until(w, "bc", lambda: w.hosts["c"].spec.get("attempt_key", "").endswith("/attempt-1"))
+    beat_until(w, "bc", lambda: w.hosts["c"].spec.get("attempt_key", "").endswith("/attempt-2"))
     b, c = w.hosts["b"], w.hosts["c"]
     assert (b.ranks, c.ranks) == ([0], [1])  # renumbered in node order over the survivors
     env_b, env_c = b.spec["ranks"][0]["env"], c.spec["ranks"][0]["env"]
     assert env_b["MASTER_ADDR"] == env_c["MASTER_ADDR"] == "198.18.7.2"  # rank 0's host moved to b
     assert env_b["MASTER_PORT"] == "45678" and ("free-port", "b") in w.calls
-    assert (env_b["WORLD_SIZE"], env_c["RANK"], env_b["CLUSTERRUN_ATTEMPT"]) == ("2", "1", "1")
-    assert w.calls.index(("start-attempt", "b", "20261130-000000-abcd/attempt-1")) < \
-        w.calls.index(("start-attempt", "c", "20261130-000000-abcd/attempt-1"))  # the new rank 0 first
+    assert (env_b["WORLD_SIZE"], env_c["RANK"], env_b["CLUSTERRUN_ATTEMPT"]) == ("2", "1", "2")
+    assert w.calls.index(("start-attempt", "b", "20261130-000000-abcd/attempt-2")) < \
+        w.calls.index(("start-attempt", "c", "20261130-000000-abcd/attempt-2"))  # the new rank 0 first
     assert b.spec["peers"].get("coordinator") and c.spec["peers"]["addr"] == "198.18.7.2"
     b.exit(0, code=0)
     c.exit(1, code=0)

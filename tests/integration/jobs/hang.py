@@ -4,7 +4,7 @@ prints, flushed, the time it went in (the last line it writes before the hang).
 
   --slow-rank R --sleep S    who sleeps, and how long (default 600 s: longer than any test)
   --steps N                  steps (each an all_reduce)
-  --hang-attempts K          hang only in attempts < K (CLUSTERRUN_ATTEMPT), then run through
+  --hang-attempts K          hang only in attempts 1..K (CLUSTERRUN_ATTEMPT, 1 for the first), then run through
 """
 
 import argparse
@@ -23,7 +23,7 @@ p.add_argument("--sleep", type=float, default=600.0)
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--hang-attempts", type=int, default=1)
 args = p.parse_args()
-attempt = int(os.environ.get("CLUSTERRUN_ATTEMPT", "0"))
+attempt = int(os.environ.get("CLUSTERRUN_ATTEMPT", "1"))
 
 
 def slow_loader():
@@ -31,7 +31,7 @@ def slow_loader():
 
 
 def train_step(t):
-    if args.rank == args.slow_rank and attempt < args.hang_attempts:
+    if args.rank == args.slow_rank and attempt <= args.hang_attempts:
         print(f"rank {args.rank} loading at {time.time():.3f}", flush=True)
         slow_loader()
     else:

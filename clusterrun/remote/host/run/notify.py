@@ -6,7 +6,7 @@ CLUSTERRUN_RUN_ID, CLUSTERRUN_NODE_NAME, CLUSTERRUN_PYTHON), the run's secrets (
   CLUSTERRUN_STATE      succeeded | failed | timed-out | stopped | interrupted, as this host knows it
   CLUSTERRUN_EXIT_CODE  clusterrun's exit code for that state: 0, 1, 4 or 130
   CLUSTERRUN_REASON     one line: the first failure, the time limit, who stopped it ("" on success)
-  CLUSTERRUN_ATTEMPT    which attempt ended (0: the first); CLUSTERRUN_FINAL=0 when a restart may follow
+  CLUSTERRUN_ATTEMPT    which attempt ended (1: the first); CLUSTERRUN_FINAL=0 when a restart may follow
 
 What this host can know (`verdict`): its own ranks' exit records, why its supervisor stopped them (the
 time limit, a stop with its reason, a failure here), and what the other hosts' supervisors told it (their
@@ -105,7 +105,7 @@ def environment(spec, conf, state, reason):
     final = state == "succeeded" or not conf.get("restarts_left")
     env.update({"CLUSTERRUN_RUN_ID": str(spec.get("run_id", "")), "CLUSTERRUN_STATE": state,
                 "CLUSTERRUN_EXIT_CODE": str(EXIT_CODES[state]), "CLUSTERRUN_REASON": reason,
-                "CLUSTERRUN_ATTEMPT": str(conf.get("attempt", 0)), "CLUSTERRUN_FINAL": "1" if final else "0"})
+                "CLUSTERRUN_ATTEMPT": str(conf.get("attempt", 1)), "CLUSTERRUN_FINAL": "1" if final else "0"})
     return env
 
 
