@@ -267,5 +267,9 @@ class RunNotFound(UsageError):
     pass
 
 
+class RunEnded(UsageError):
+    """A command that reads a live run (`stacks`) on one that has ended: nothing to read (exit 2)."""
+
+
 class SecretMissing(UsageError):
     pass

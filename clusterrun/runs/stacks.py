@@ -3,11 +3,12 @@ every rank's stacks, gathered from its hosts in parallel and folded (stacks.py).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
 from .. import stacks as st
-from ..errors import UsageError
+from ..errors import RunEnded, UsageError
 from ..hosts.group import on_hosts
 from ..plan import attempt_key
 from ..registry.store import RunStore
@@ -39,6 +40,8 @@ def gather_stacks(store: RunStore, run_id: str, connect: Connect, ranks: Sequenc
                   via: str = "auto") -> StacksReport:
     """Ask every host of the run's current attempt (or only those of `ranks`) for its ranks' stacks."""
     record = store.get(run_id)
+    if record.terminal:  # the record says so: no host needs asking
+        raise RunEnded(_ended(run_id, f"{record.state.value}, exit {record.exit_code}", record.ended_at))
     _, nodes = nodes_of(record)
     host_of = {r.rank: r.host for r in record.ranks}
     unknown = sorted(set(ranks) - set(host_of))
@@ -55,8 +58,16 @@ def gather_stacks(store: RunStore, run_id: str, connect: Connect, ranks: Sequenc
               for rank, host in sorted(host_of.items())
               if rank not in seen and host in asked.errors and (not ranks or rank in ranks)]
     found.sort(key=lambda s: s.rank)
+    if found and not asked.failed and all(s.state == "ended" for s in found) and not ranks:
+        raise RunEnded(_ended(run_id, "every rank has exited on its host", None))  # a detached run's end
     return StacksReport(run_id, len(host_of), tuple(found), tuple(st.fold(found)),
                         {name: err.message for name, err in asked.failed.items()})
+
+
+def _ended(run_id: str, how: str, when) -> str:
+    at = time.strftime(" at %Y-%m-%d %H:%M:%S", time.localtime(when)) if when else ""
+    return (f"run {run_id} ended{at} ({how}): no rank runs, so there are no stacks to read; `clusterrun logs "
+            f"{run_id}` shows what the ranks printed")
 
 
 def _answers(nodes: Sequence, asked, ranks: Sequence[int]) -> List[st.RankStack]:

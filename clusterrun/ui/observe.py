@@ -132,14 +132,16 @@ def _ranks_table(view: "TopView"):
     from rich.table import Table
 
     ranks = Table(title_justify="left")
-    for col in ("rank", "host", "state", "CPU", "RSS", "silent", ""):
+    stragglers = any(row.straggler for row in view.ranks)
+    for col in ("rank", "host", "state", "CPU", "RSS", "silent") + (("straggler",) if stragglers else ()):
         ranks.add_column(col)
     for row in view.ranks:
         r = row.load
         kids = f" +{r.children} ({_size(r.rss_children)})" if r.children else ""
-        ranks.add_row(str(r.rank), row.host, r.state, _num(r.cpu_pct, ".0f", "%"), _size(r.rss) + kids,
-                      _num(r.last_output_s, ".0f", " s"),
-                      Text(f"straggler: {row.straggler}" if row.straggler else "", style="bold yellow"))
+        # an ended rank is not silent: it has nothing more to say
+        silent = _num(r.last_output_s, ".0f", " s") if r.state == "running" else "-"
+        cells = [str(r.rank), row.host, r.state, _num(r.cpu_pct, ".0f", "%"), _size(r.rss) + kids, silent]
+        ranks.add_row(*cells, *([Text(row.straggler or "", style="bold yellow")] if stragglers else []))
     return ranks
 
 

@@ -87,7 +87,7 @@ def test_the_view_of_odd_samples_renders_and_dumps():
     claims = Sample.from_wire("alone", {"claims": [{"user": "bob", "run": "r2", "kind": "queue", "ticket": [2, "b"]},
                                                    {"user": "eve", "run": "r3", "kind": "queue", "ticket": [1, "e"]},
                                                    {"user": "al", "run": "r1", "slots": 1, "gpus": "auto"}],
-                                        "runs": ["r1", "r9/attempt-1"]})
+                                        "runs": ["r1", "r9/attempt-2"]})
     view = top_view("R", [TopTarget(here, "R"), TopTarget(there, "R")], {"here": odd, "there": "unreachable: gone"})
     text = render(view)
     assert "here" in text and "unreachable: gone" in text and "-/-" in text, text
@@ -101,7 +101,7 @@ def test_the_view_of_odd_samples_renders_and_dumps():
     # waiters numbered by their tickets; a claim's GPUs only when it names indices; runs without a claim too
     assert "al: r1 1 slot " in text and "GPUs auto" not in text, text
     assert "eve waits #1: r3" in text and "bob waits #2: r2" in text, text
-    assert "r9/attempt-1" in text and text.count("r1") == 1, text
+    assert "r9/attempt-2" in text and text.count("r1") == 1, text
     assert [c["run"] for c in inv.to_json()["hosts"][0]["claims"]] == ["r2", "r3", "r1"]
 
 
@@ -110,3 +110,37 @@ def test_stragglers_pass_over_ranks_that_do_not_run_or_say_nothing():
              RankLoad(2, "running", cpu_pct=3.0), RankLoad(3, "running"), RankLoad(4, "ended", cpu_pct=0.0)]
     assert stragglers(ranks) == {2: "CPU 3% where the others use ~98%"}
     assert stragglers([RankLoad(i, "running") for i in range(4)]) == {}
+
+
+def test_ended_ranks_are_not_silent_and_the_straggler_column_is_named():
+    """`top --once` of an ended run said "silent 24 s" for ranks that had simply exited, under a column with
+    no header (issue 36)."""
+    here = make_host("/w")
+    ended = Sample.from_wire("here", {"ranks": [{"rank": 0, "state": "ended", "last_output_s": 24.0},
+                                                {"rank": 1, "state": "running", "last_output_s": 3.0}]})
+    text = render(top_view("R", [TopTarget(here, "R")], {"here": ended}))
+    row0 = next(line for line in text.splitlines() if "ended" in line)
+    assert "24 s" not in row0 and "3 s" in text, text
+    assert "straggler" not in text  # no column when no rank stands out
+    slow = Sample.from_wire("here", {"ranks": [{"rank": r, "state": "running", "cpu_pct": c, "last_output_s": 1.0}
+                                               for r, c in enumerate((98.0, 97.0, 3.0))]})
+    text = render(top_view("R", [TopTarget(here, "R")], {"here": slow}))
+    assert "straggler" in text, text
+    assert "CPU 3% where the others use ~98%" in text
+
+
+def test_stacks_of_an_ended_run_says_so_with_exit_2():
+    """`stacks` of an ended run printed "ranks 0-3: ended / stacks read by nothing" and exited 0 (issue 36)."""
+    from types import SimpleNamespace
+
+    from clusterrun.errors import EXIT_USAGE, RunEnded
+    from clusterrun.runs.stacks import gather_stacks
+    from clusterrun.states import RunState
+
+    record = SimpleNamespace(terminal=True, state=RunState.SUCCEEDED, exit_code=0, ended_at=1764690000.0)
+    store = SimpleNamespace(get=lambda run_id: record)
+    with pytest.raises(RunEnded) as ended:
+        gather_stacks(store, "r1", connect=None)
+    assert ended.value.exit_code == EXIT_USAGE
+    assert "run r1 ended at " in str(ended.value) and "(succeeded, exit 0): no rank runs" in str(ended.value)
+    assert "clusterrun logs r1" in str(ended.value)
