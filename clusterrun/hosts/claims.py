@@ -72,9 +72,33 @@ def busy_error(host: str, status: dict, *, waited: Optional[float] = None) -> Ho
     holders, ahead = holders_of(host, status.get("holders")), holders_of(host, status.get("ahead"))
     parts = [f"held by {h.describe()}" for h in holders] + [f"{h.describe()} is ahead in line" for h in ahead]
     text = "; ".join(parts) or status.get("why") or "busy"
+    sums = arithmetic(host, status.get("sums") or {}, holders)
+    if sums:
+        text = f"{text} ({sums})"
     if waited is not None:
         text = f"still {text}"
     return HostBusy(host, text, holders=holders, ahead=ahead)
+
+
+def arithmetic(host: str, sums: dict, holders: Sequence[Holder]) -> str:
+    """`needs 2 slots; node0 offers 2, of which bob's run holds 1` (and the same of GPUs), from a busy
+    answer's sums; "" when the host said none (an older host program) or the sums do not explain it."""
+    def plural(n: int, word: str) -> str:
+        return f"{n} {word}{'s' if n != 1 else ''}"
+
+    def held(count: int, field: str) -> str:
+        whose = ", ".join(dict.fromkeys(f"{h.user}'s run {h.run}" for h in holders if getattr(h, field)))
+        return f", of which {whose} hold{'s' if ',' not in whose else ''} {count}" if whose else ""
+
+    need, capacity, used = sums.get("need"), sums.get("capacity"), sums.get("used", 0)
+    out = []
+    if isinstance(need, int) and isinstance(capacity, int) and used and need + used > capacity:
+        out.append(f"needs {plural(need, 'slot')}; {host} offers {capacity}{held(used, 'slots')}")
+    wanted, gpus = sums.get("gpus_wanted") or 0, sums.get("gpus")
+    taken = sum(len(h.gpus) for h in holders if isinstance(h.gpus, tuple))
+    if wanted and isinstance(gpus, int) and taken and wanted + taken > gpus:
+        out.append(f"needs {plural(wanted, 'GPU')}; {host} has {gpus}{held(taken, 'gpus')}")
+    return "; ".join(out)
 
 
 # -------------------------------------------------------------- listing (ps --hosts, top)

@@ -58,10 +58,16 @@ def gather_stacks(store: RunStore, run_id: str, connect: Connect, ranks: Sequenc
               for rank, host in sorted(host_of.items())
               if rank not in seen and host in asked.errors and (not ranks or rank in ranks)]
     found.sort(key=lambda s: s.rank)
-    if found and not asked.failed and all(s.state == "ended" for s in found) and not ranks:
-        raise RunEnded(_ended(run_id, "every rank has exited on its host", None))  # a detached run's end
+    if not ranks and not asked.failed:
+        _refuse_if_all_ended(run_id, found)
     return StacksReport(run_id, len(host_of), tuple(found), tuple(st.fold(found)),
                         {name: err.message for name, err in asked.failed.items()})
+
+
+def _refuse_if_all_ended(run_id: str, found: Sequence[st.RankStack]) -> None:
+    """Every rank has exited on its host (a detached run's end the record does not know yet): RunEnded."""
+    if found and all(s.state == "ended" for s in found):
+        raise RunEnded(_ended(run_id, "every rank has exited on its host", None))
 
 
 def _ended(run_id: str, how: str, when) -> str:

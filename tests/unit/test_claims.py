@@ -45,8 +45,15 @@ HOST4 = G.parse(NVIDIA_SMI_4)
 
 
 def runs(verdict):
-    """A verdict with each entry in it (holders, ahead) named by its run: every value, in one comparison."""
-    return {k: [e["run"] for e in v] if k in ("holders", "ahead") else v for k, v in verdict.items()}
+    """A verdict with each entry in it (holders, ahead) named by its run: every value, in one comparison
+    (but its sums, which test_a_busy_verdict_carries_its_arithmetic asserts)."""
+    return {k: [e["run"] for e in v] if k in ("holders", "ahead") else v for k, v in verdict.items() if k != "sums"}
+
+
+def test_a_busy_verdict_carries_its_arithmetic():
+    """What the run needs, what the host offers, what others hold: the words of a busy launch (issue 36)."""
+    assert judge(req(slots=2), [entry(slots=1)], [], capacity=2)["sums"] == \
+        {"need": 2, "capacity": 2, "used": 1, "gpus_wanted": 0, "gpus": 0}
 
 
 # -------------------------------------------------------------- the rule

@@ -80,6 +80,10 @@ def test_a_busy_launch_exits_5_with_the_holders_table(tmp_path, cr_home, capsys,
     err = capsys.readouterr().err
     assert "hosts busy: 1 host held by other runs; nothing was pushed or started" in err
     assert "here1: busy: held by" in err and "20261201-100000-aaaa" in err and "bob@laptop-b" in err
+    # the arithmetic: what the run needs, what the host offers, and who holds the rest (issue 36)
+    who = __import__("pwd").getpwuid(os.getuid()).pw_name  # the host names the login user itself
+    assert f"(needs 1 slot; here1 offers 1, of which {who}'s run 20261201-100000-aaaa holds 1)" in \
+        " ".join(err.split()), err
     assert not any((tmp_path / w / "runs").exists() and os.listdir(tmp_path / w / "runs") for w in ("w0", "w1"))
     (run,) = RunStore().ids()
     assert RunStore().get(run).exit_code == 5

@@ -115,7 +115,8 @@ def test_the_supervisor_adopts_the_claim_and_gives_it_up_at_the_end(tmp_path):
     assert claim["pid"] == state["supervisor"]["pid"] and claim["state"] == "running"
     verdict = Claims(request(folder, "r2", "m0")).admit(take=False)
     assert ([h["run"] for h in verdict.pop("holders")], verdict) == \
-        (["r1"], {"blocked": True, "ahead": [], "position": 1, "retry": False})
+        (["r1"], {"blocked": True, "ahead": [], "position": 1, "retry": False,
+                  "sums": {"need": 1, "capacity": 1, "used": 1, "gpus_wanted": 0, "gpus": 0}})
     assert wait_for(lambda: (tmp_path / "m0" / "work" / "runs" / "r1" / "done.json").exists())
     assert wait_for(lambda: entries(folder) == [])
     client.close()
@@ -203,7 +204,8 @@ def test_a_launch_that_goes_silent_is_dropped_from_the_line(tmp_path):
         status = read_msg(stream, 10)["queued"]
         assert [h["run"] for h in status.pop("holders")] == ["theirs"]
         me = __import__("pwd").getpwuid(__import__("os").getuid()).pw_name
-        assert status == {"ready": False, "position": 1, "ahead": [], "why": f"{me}'s run theirs (running)"}
+        assert status == {"ready": False, "position": 1, "ahead": [], "why": f"{me}'s run theirs (running)",
+                          "sums": {"need": 1, "capacity": 1, "used": 1, "gpus_wanted": 0, "gpus": 0}}
         assert any(n.endswith("-r1-m0.queue") for n in entries(folder))
         assert wait_for(lambda: not any("-r1-" in n for n in entries(folder)), timeout=10)
         assert stream.wait(10) != 0

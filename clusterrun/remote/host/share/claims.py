@@ -252,12 +252,16 @@ def judge(req, entries, host_gpus, capacity):
     used = sum(e["slots"] for e in claims)
     if claims and used + req["slots"] > capacity:
         holders = claims
+    # the arithmetic, for the words of a busy answer: what the run needs, what the host offers and holds
+    sums = {"need": req["slots"], "capacity": capacity, "used": used,
+            "gpus_wanted": req.get("gpu_count", req["slots"]) if req.get("gpus") is not None else 0,
+            "gpus": len(host_gpus)}
     if holders:
         younger = all(e["state"] == "tentative" and ticket_of(e) > tick for e in holders)
-        return _blocked(holders, [], waiters, retry=younger)
+        return _blocked(holders, [], waiters, retry=younger, sums=sums)
     ahead = [w for w in waiters if _could_use(w, req, chosen, used, capacity)]
     if ahead:
-        return _blocked([], ahead, waiters, retry=False)
+        return _blocked([], ahead, waiters, retry=False, sums=sums)
     return {"granted": chosen}
 
 
@@ -303,10 +307,10 @@ def _could_use(waiter, req, chosen, used, capacity):
         isinstance(waiter["gpus"], list) and bool(set(waiter["gpus"]) & set(chosen))
 
 
-def _blocked(holders, ahead, waiters, retry):
+def _blocked(holders, ahead, waiters, retry, sums=None):
     position = 1 + len(waiters)
     return {"blocked": True, "holders": [brief(e) for e in holders], "ahead": [brief(e) for e in ahead],
-            "position": position, "retry": retry}
+            "position": position, "retry": retry, "sums": sums or {}}
 
 
 # ------------------------------------------------------------------ one run's entries on this host

@@ -17,7 +17,8 @@ Protocol, inside the push's framed messages (the manifest carries the request as
                                   for its turn with nobody at the controller (share/waiter.py)
   end of input anywhere: the claim and the queue entry are removed.
 STATUS: {"ready": whether this host would say yes now, "position" (1 = first in line), "holders" and
-"ahead" (entries in the way, claims.brief), "why"}. VERDICT: the same, from claims.judge.
+"ahead" (entries in the way, claims.brief), "why", "sums" (what the run needs, what the host offers and
+what others hold: claims.judge)}. VERDICT: the same, from claims.judge.
 A young launch's tentative claim in the way is waited out for up to the request's "contend" seconds
 (it is deciding; see claims.py) before the host counts as busy.
 
@@ -156,4 +157,5 @@ def _read_exact(fd, n, timeout):
 def status(verdict):
     ready = "granted" in verdict
     return {"ready": ready, "position": verdict.get("position", 1), "holders": verdict.get("holders") or [],
-            "ahead": verdict.get("ahead") or [], "why": "" if ready else describe(verdict)}
+            "ahead": verdict.get("ahead") or [], "why": "" if ready else describe(verdict),
+            "sums": verdict.get("sums") or {}}
