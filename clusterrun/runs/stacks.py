@@ -40,14 +40,8 @@ def gather_stacks(store: RunStore, run_id: str, connect: Connect, ranks: Sequenc
                   via: str = "auto") -> StacksReport:
     """Ask every host of the run's current attempt (or only those of `ranks`) for its ranks' stacks."""
     record = store.get(run_id)
-    if record.terminal:  # the record says so: no host needs asking
-        raise RunEnded(_ended(run_id, f"{record.state.value}, exit {record.exit_code}", record.ended_at))
+    host_of = _readable(record, run_id, ranks)
     _, nodes = nodes_of(record)
-    host_of = {r.rank: r.host for r in record.ranks}
-    unknown = sorted(set(ranks) - set(host_of))
-    if unknown:
-        raise UsageError(f"run {run_id} has no rank {', '.join(map(str, unknown))} "
-                         f"(it has ranks 0-{len(host_of) - 1})")
     wanted = [n for n in nodes if not ranks or n.host.name in {host_of[r] for r in ranks}]
     key = attempt_key(run_id, record.attempt)
     asked = on_hosts(wanted, connect, lambda node, client: client.stacks(key, ranks, via), thread_name="stacks")
@@ -62,6 +56,19 @@ def gather_stacks(store: RunStore, run_id: str, connect: Connect, ranks: Sequenc
         _refuse_if_all_ended(run_id, found)
     return StacksReport(run_id, len(host_of), tuple(found), tuple(st.fold(found)),
                         {name: err.message for name, err in asked.failed.items()})
+
+
+def _readable(record, run_id: str, ranks: Sequence[int]) -> Dict[int, str]:
+    """The run's ranks and their hosts, once the run may have stacks to read (RunEnded if its record
+    says it ended: no host needs asking) and every rank asked for is one of them."""
+    if record.terminal:
+        raise RunEnded(_ended(run_id, f"{record.state.value}, exit {record.exit_code}", record.ended_at))
+    host_of = {r.rank: r.host for r in record.ranks}
+    unknown = sorted(set(ranks) - set(host_of))
+    if unknown:
+        raise UsageError(f"run {run_id} has no rank {', '.join(map(str, unknown))} "
+                         f"(it has ranks 0-{len(host_of) - 1})")
+    return host_of
 
 
 def _refuse_if_all_ended(run_id: str, found: Sequence[st.RankStack]) -> None:
