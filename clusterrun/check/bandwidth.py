@@ -18,7 +18,7 @@ from ..errors import HostError
 from ..hosts.bandwidth import BenchStream
 from ..hosts.client import HostClient, make_connect
 from ..hosts.group import fan_out
-from .links import Link, NetReport, judged, pair_links, rounds
+from .links import REPEATS, Link, NetReport, combined, judged, noise, pair_links, rounds
 
 DEFAULT_MB = 32.0  # per link and direction: a quarter of a second at 1 Gbit/s
 DEFAULT_SECONDS = 1.0  # per pair, at most: a slow link is measured for this long, not to the last byte
@@ -71,20 +71,32 @@ def run_net_check(inv: Inventory, *, mb: float = DEFAULT_MB, seconds: float = DE
     try:
         started = fan_out(list(inv.hosts), bench.start, name=lambda h: h.name, thread_name="net")
         unreachable = {name: _why(exc) for name, exc in started.failed.items()}
-        job = {"seconds": seconds, "bytes": int(mb * (1 << 20)), "pings": PINGS}
+        # the budget shared out over REPEATS short measurements per link: the same bytes and time in all
+        total = int(mb * (1 << 20))
         timeout = seconds + inv.timeouts.connect + 5
         schedule = rounds(len(names))
-        for pairs in schedule:
-            todo = [(names[a], names[b]) for a, b in pairs if names[a] not in unreachable and names[b] not in unreachable]
-            done = fan_out(todo, lambda p: bench.pair(p[0], p[1], job, timeout), name=lambda p: f"{p[0]}-{p[1]}",
-                           thread_name="net-pair")
-            for a, b in todo:
-                links += done.results.get(f"{a}-{b}") or _failed(a, b, done.errors.get(f"{a}-{b}"))
+        for i in range(REPEATS):
+            job = {"seconds": seconds / REPEATS, "bytes": total // REPEATS + (i < total % REPEATS), "pings": PINGS}
+            links += _measure(bench, schedule, names, unreachable, job, timeout)
     finally:
         bench.close()
-    marked, median = judged(links)
+    marked, median = judged(combined(links))
     interfaces: Mapping[str, Mapping] = {name: s.ready for name, s in bench.streams.items()}
-    return NetReport(tuple(names), marked, interfaces, unreachable, median, time.monotonic() - t0, len(schedule), mb)
+    return NetReport(tuple(names), marked, interfaces, unreachable, median, time.monotonic() - t0, len(schedule), mb,
+                     repeats=REPEATS, noise=noise(marked))
+
+
+def _measure(bench: "_Bench", schedule: List[List[Tuple[int, int]]], names: List[str], unreachable: Mapping,
+             job: dict, timeout: float) -> List[Link]:
+    """One pass of the schedule: each round's pairs at once; both directions of every link measured."""
+    links: List[Link] = []
+    for pairs in schedule:
+        todo = [(names[a], names[b]) for a, b in pairs if names[a] not in unreachable and names[b] not in unreachable]
+        done = fan_out(todo, lambda p: bench.pair(p[0], p[1], job, timeout), name=lambda p: f"{p[0]}-{p[1]}",
+                       thread_name="net-pair")
+        for a, b in todo:
+            links += done.results.get(f"{a}-{b}") or _failed(a, b, done.errors.get(f"{a}-{b}"))
+    return links
 
 
 def _why(exc: HostError) -> str:

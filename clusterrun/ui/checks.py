@@ -120,7 +120,7 @@ def net_table(report: "NetReport") -> Table:
 
 
 def render_net(report: "NetReport", console: Console, plotted: Optional[str] = None) -> None:
-    from ..check.links import rate_text, slow_text
+    from ..check.links import noise_text, rate_text, slow_text
 
     console.print(net_table(report))
     for host, why in report.unreachable.items():
@@ -134,6 +134,8 @@ def render_net(report: "NetReport", console: Console, plotted: Optional[str] = N
                            "host's NIC, cable, switch port and traffic shaping (tc)", style="dim"))
     if plotted:
         console.print(Text(f"heatmap: {plotted}", style="dim"))
+    if noise_text(report):
+        console.print(Text(noise_text(report), style="dim"))
     measured = [x for x in report.links if x.mbps is not None]
     verdict = f"{len(measured)} of {len(report.links)} directions measured, median {rate_text(report.median_mbps)}"
     console.print(Text(verdict + (f"; {len(report.slow)} slow" if report.slow else ""),
