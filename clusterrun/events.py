@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """`1 host`, `2 hosts` (plural: the noun's own plural where it is not noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 @dataclass(frozen=True)
 class Phase:
     name: str  # connect | push | start | run | stop

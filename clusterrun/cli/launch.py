@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import click
 
+from ..events import counted
 from .common import JobArgsCommand, forward_signals, given_args, load, secret_problem, secrets_of, store
 
 if TYPE_CHECKING:
@@ -141,7 +142,8 @@ def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool, wait: bo
     runner = Runner(inv, run_id, store=registry, connect=connect, secrets=secrets,
                     emit=emit, detach=detach, hash_cache=HashCache(os.path.join(registry.home, "hashes.json")),
                     wait=wait, wait_timeout=wait_timeout)
-    view.err.print(Text(f"run {run_id}: {sum(h.slots for h in inv.hosts)} ranks on {len(inv.hosts)} hosts",
+    view.err.print(Text(f"run {run_id}: {counted(sum(h.slots for h in inv.hosts), 'rank')} on "
+                        f"{counted(len(inv.hosts), 'host')}",
                         style="bold"))
     for text, style in script_notes(inv):
         view.err.print(Text(text, style=style))

@@ -7,7 +7,7 @@ from typing import Callable
 
 from ..config.sizes import size_text
 from ..errors import ClusterrunError
-from ..events import Notice, Phase
+from ..events import Notice, Phase, counted
 from ..hosts.client import HostClient
 from ..outcome import RunOutcome
 from ..registry.store import RunStore
@@ -33,12 +33,13 @@ def pull_outputs(store: RunStore, run_id: str, result: RunOutcome, rank0: Callab
     try:
         pulled = pull_files(store, record, targets, lambda host: rank0(), record.outputs, folder, post=post,
                             poll=drain, stop=stopped, require=False)
+        drain()  # every host's tally in before the phase's line (a pull's last word came after its last poll)
     except ClusterrunError as exc:
         emit(Notice(f"job.outputs not pulled: {exc}; `clusterrun pull {run_id}` later", "warning"))
         return
     for h in pulled.hosts:
         unmatched = f"; matched nothing: {', '.join(h.unmatched)}" if h.unmatched else ""
-        emit(Notice(f"job.outputs: {h.files} files from {h.host} in {h.folder} ({h.fetched} fetched, "
+        emit(Notice(f"job.outputs: {counted(h.files, 'file')} from {h.host} in {h.folder} ({h.fetched} fetched, "
                     f"{size_text(h.received)}){unmatched}"))
     for err in pulled.failed.values():
         emit(Notice(f"job.outputs not pulled: {err}; `clusterrun pull {run_id}` later", "warning"))

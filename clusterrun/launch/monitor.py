@@ -10,7 +10,7 @@ from typing import Callable, Dict, Optional, Set
 
 from ..config.inventory import Timeouts
 from ..errors import HostError
-from ..events import HostRestarts, Notice, Phase, RankEnded, RankSeen, Stuck
+from ..events import HostRestarts, Notice, Phase, RankEnded, RankSeen, Stuck, counted
 from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RankExit, RunGone
 from ..hosts.group import fan_out_background
@@ -70,7 +70,7 @@ class Monitor:
     def run(self) -> RunOutcome:
         t_run = time.monotonic()
         followers = self._start_followers()
-        self._emit(Phase("run", f"{self.plan.world_size} ranks on {len(self.plan.nodes)} hosts"))
+        self._emit(Phase("run", f"{counted(self.plan.world_size, 'rank')} on {counted(len(self.plan.nodes), 'host')}"))
         for r in self.plan.ranks:
             self.store.update_rank(self.plan.run_id, r.rank, state=RankState.RUNNING)
         nodes = {n.node_rank for n in self.plan.nodes}

@@ -108,7 +108,8 @@ class Runner:
             if self.inv.job.setup:
                 self._phase("setup", lambda: self._setup_all(plan, manifest.result()))
             self._handoff = self.claims.handed_off
-            self._phase("wait" if self._handoff else "start", lambda: self._start_all(plan))
+            # --detach --wait with a host busy: the start hands the run to the hosts' waiters (queue)
+            self._phase("queue" if self._handoff else "start", lambda: self._start_all(plan))
             if self._detach:
                 # no controller from now on; who launched it stays on record (`stop` refuses anyone else)
                 ident = controller_identity()
@@ -419,7 +420,7 @@ class Runner:
             left = None if wait_timeout is None else max(1.0, wait_timeout - self._elapsed())
             held.wait(self._spec(plan, node), wait_mesh(self.inv, plan, node, token=self._peer_token,
                                                         port=self._wait_port, timeout=left))
-            self._post(HostDone("wait", node.host.name, time.monotonic() - t))
+            self._post(HostDone("queue", node.host.name, time.monotonic() - t))
             return
         if plan.attempt == 0:  # on the channel that pushed the job, which then follows the run (attached)
             held = self.hosts.take_held(node.node_rank)

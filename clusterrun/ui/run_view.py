@@ -28,6 +28,7 @@ class _PhaseTally:
         self.slowest: tuple = ("", 0.0)
         self.sent = self.total = self.relayed = self.files = 0
         self.progress: Dict[str, tuple] = {}  # host -> (sent so far, its total): a push under way
+        self.before = 0.0  # seconds it ran before a pause (launch --wait: the push resumes after the wait)
 
     def host_done(self, ev: HostDone) -> None:
         # a host's push begins as soon as it is connected, before the phase (every host connected) does
@@ -36,12 +37,13 @@ class _PhaseTally:
         if ev.seconds >= self.slowest[1]:
             self.slowest = (ev.host, ev.seconds)
         self.sent, self.total, self.relayed = self.sent + ev.sent, self.total + ev.total, self.relayed + ev.relayed
-        self.files = max(self.files, ev.files)
+        # a push sends the same files to every host (the most any host got); a pull fetches each host's own
+        self.files = self.files + ev.files if self.name == "pull" else max(self.files, ev.files)
         self.progress.pop(ev.host, None)
 
     def line(self) -> str:
         """`push: 4 hosts in 0.21 s, 230.1 KB sent (7 files, 57.5 KB per host); slowest node1 0.21 s`."""
-        took = time.monotonic() - self.started
+        took = self.before + time.monotonic() - self.started
         text = f"{self.name}: {self.done} host{'s' if self.done != 1 else ''} in {took:.2f} s"
         if self.name == "push" and self.done:
             each = f"{self.files} file{'s' if self.files != 1 else ''}, {size_text(self.total / self.done)} per host"
@@ -77,6 +79,7 @@ class RunView:
         self._progress = None  # a rich Progress (one line: the phase under way) while connecting and pushing
         self._task = None
         self._phase: Optional[_PhaseTally] = None
+        self._paused: Optional[_PhaseTally] = None  # the push, while launch --wait waits for its turn
 
     def handle(self, ev: object) -> None:
         if isinstance(ev, LogLines):
@@ -128,15 +131,21 @@ class RunView:
         """One line for the phase that ended (the same on a terminal and in a pipe)."""
         if self._phase is not None and self._phase.name == "wait" and not self.quiet:  # launch --wait: in line
             self.err.print(Text(f"waited {time.monotonic() - self._phase.started:.0f} s for its turn", style="dim"))
-        elif self._phase is not None and self._phase.name != "run" and not self.quiet:
-            self.err.print(Text(self._phase.line(), style="dim"))
+        elif self._phase is not None and self._phase.name != "run" and self._phase.done and not self.quiet:
+            self.err.print(Text(self._phase.line(), style="dim"))  # (a phase no host finished says nothing)
         self._phase = None
 
     def _on_phase(self, ev: Phase) -> None:
-        if ev.name == "wait" and self._phase is not None and not self._phase.done:
-            self._phase = None  # no host has pushed yet: the push's line comes after the wait
+        if ev.name == "wait" and self._phase is not None and self._phase.name == "push":
+            # the push's line comes after the wait, counting the hosts that pushed before it too
+            self._phase.before += time.monotonic() - self._phase.started
+            self._paused, self._phase = self._phase, None
         self._end_phase()
-        self._phase = _PhaseTally(ev.name)
+        if ev.name == "push" and self._paused is not None:
+            self._phase, self._paused = self._paused, None
+            self._phase.started = time.monotonic()
+        else:
+            self._phase = _PhaseTally(ev.name)
         if ev.name == "run":
             self.close()
             if not self.quiet:

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import HostError
+from ..events import counted
 from ..registry.store import RunRecord
 
 if TYPE_CHECKING:  # `ps` renders runs without loading the planner (and with it the inventory and YAML)
@@ -26,7 +27,7 @@ def show_plan(plan: "LaunchPlan", out: Console, routes: Optional[Dict[str, str]]
     the exact line every rank runs (secrets masked)."""
     from ..plan import render_node_command, render_rank_command
 
-    table = Table(title=f"{plan.world_size} ranks on {len(plan.nodes)} hosts · MASTER_ADDR={plan.master_addr} "
+    table = Table(title=f"{counted(plan.world_size, 'rank')} on {counted(len(plan.nodes), 'host')} · MASTER_ADDR={plan.master_addr} "
                         f"MASTER_PORT={plan.master_port or 'auto'} · {plan.backend} {plan.init_url}",
                   title_justify="left")
     gpus = any(node.gpus is not None for node in plan.nodes)
@@ -314,7 +315,7 @@ def show_pull(result: "PullResult", out: Console) -> None:
 
     for h in result.hosts:
         resumed = f", {h.resumed} resumed" if h.resumed else ""
-        out.print(Text(f"{h.host}: {h.files} files, {h.fetched} fetched ({size_text(h.received)}{resumed}), "
+        out.print(Text(f"{h.host}: {counted(h.files, 'file')}, {h.fetched} fetched ({size_text(h.received)}{resumed}), "
                        f"{h.files - h.fetched} unchanged -> {h.folder}"))
         for path in h.unmatched:
             out.print(Text(f"{h.host}: {path}: matched nothing", style="yellow"))

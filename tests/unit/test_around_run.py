@@ -3,6 +3,7 @@ processes, no torch): `pull` (incremental, per host, resumable, atomic, refusing
 run), `forward` (several connections, Ctrl-C, the run's end), and `notify:` (what the commands are told;
 a failing or hanging one changes nothing)."""
 
+import re
 import hashlib
 import json
 import os
@@ -102,6 +103,7 @@ def test_pull_brings_outputs_back_incrementally_per_host_and_refuses_what_leads_
     assert (here / "outputs" / "alias.txt").read_text() == "rank 0 of 2\n" and not (here / "outputs" / "r1.txt").exists()
     assert not (here / "outputs" / "elsewhere").exists()
     assert f"job.outputs: 3 files from here0 in {here}" in done.stderr
+    assert re.search(r"pull: 1 host in [\d.]+ s, .* received \(3 files new or changed\)", done.stderr), done.stderr
     again, _ = pull_json(run_id)  # unchanged: nothing is sent
     assert [(h["files"], h["fetched"], h["received_bytes"]) for h in again["hosts"]] == [(3, 0, 0)]
     assert again["hosts"][0]["skipped"] == [["outputs/elsewhere", "a symlink out of the run's folder: not followed"]]

@@ -79,6 +79,7 @@ def test_a_busy_launch_exits_5_with_the_holders_table(tmp_path, cr_home, capsys,
     assert cli(["launch", str(inv)]) == 5
     err = capsys.readouterr().err
     assert "hosts busy: 1 host held by other runs; nothing was pushed or started" in err
+    assert "push: 0 hosts" not in err  # a phase no host finished says nothing before the busy table
     assert "here1: busy: held by" in err and "20261201-100000-aaaa" in err and "bob@laptop-b" in err
     # the arithmetic: what the run needs, what the host offers, and who holds the rest (issue 36)
     who = __import__("pwd").getpwuid(os.getuid()).pw_name  # the host names the login user itself

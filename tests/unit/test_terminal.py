@@ -73,3 +73,42 @@ def test_ps_at_80_columns_keeps_the_run_id_and_state_whole_and_wraps_notes_at_wo
 def test_notes_are_cut_at_a_word():
     assert one_line("a b\n  c", 10) == "a b c"
     assert one_line("alpha beta gamma delta", 14) == "alpha beta…"
+
+
+def summary_lines(events, hosts=4):
+    """What a view prints for these events (each a phase's one line), in a pipe."""
+    view = RunView(hosts=hosts)
+    view.err = Console(file=io.StringIO(), force_terminal=False, width=200, color_system=None)
+    view._live = False
+    printed: list = []
+    view.err.print = lambda *things, out=printed, **kw: out.extend(str(t) for t in things)
+    for ev in events:
+        view.handle(ev)
+    view.close()
+    return [line for text in printed for line in text.splitlines() if line.strip()]
+
+
+def test_each_summary_line_counts_the_work_done():
+    """Counts that contradicted themselves (issue 36): one check per summary line against what was done."""
+    from clusterrun.events import counted
+
+    # a pull fetches each host's own files: 2 + 2 is 4, not the most any host got
+    pulled = summary_lines([Phase("pull"), HostDone("pull", "a", 0.1, sent=2000, files=2),
+                            HostDone("pull", "b", 0.1, sent=2000, files=2)], hosts=2)
+    assert pulled == [pulled[0]] and pulled[0].startswith("pull: 2 hosts in ") and "(4 files new or changed)" in pulled[0]
+    one = summary_lines([Phase("pull"), HostDone("pull", "a", 0.1, sent=1000, files=1)], hosts=1)
+    assert one[0].startswith("pull: 1 host in ") and "(1 file new or changed)" in one[0], one
+    # a push that no host finished (the launch found the hosts busy) says nothing, not "push: 0 hosts"
+    assert summary_lines([Phase("connect"), *(HostDone("connect", h, 0.1) for h in "abcd"), Phase("push")]) == \
+        [summary_lines([Phase("connect"), *(HostDone("connect", h, 0.1) for h in "abcd")])[0]]
+    # launch --wait: hosts that pushed before the wait count in the push's line after it (4, not 3)
+    waited = summary_lines([Phase("push"), HostDone("push", "a", 0.1, total=10, files=1), Phase("wait"),
+                            Phase("push", "after waiting 2 s"),
+                            *(HostDone("push", h, 0.1, total=10, files=1) for h in "bcd"), Phase("start")])
+    assert [line.split(":")[0] for line in waited] == ["waited 0 s for its turn", "push"], waited
+    assert waited[1].startswith("push: 4 hosts in "), waited
+    # --detach --wait hands the run to the hosts' waiters: a queue phase, not "waited 0 s for its turn"
+    queued = summary_lines([Phase("queue"), *(HostDone("queue", h, 0.1) for h in "abcd")])
+    assert queued[0].startswith("queue: 4 hosts in ") and not any("for its turn" in line for line in queued), queued
+    assert (counted(1, "host"), counted(2, "rank"), counted(1, "file"), counted(3, "output")) == \
+        ("1 host", "2 ranks", "1 file", "3 outputs")
