@@ -3,10 +3,10 @@ processes, no torch): `pull` (incremental, per host, resumable, atomic, refusing
 run), `forward` (several connections, Ctrl-C, the run's end), and `notify:` (what the commands are told;
 a failing or hanging one changes nothing)."""
 
-import re
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
