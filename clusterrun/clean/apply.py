@@ -148,10 +148,15 @@ def _take_clean(h: HostClean, answer: dict, named: set) -> None:
 
 
 def _note_removed(store: RunStore, records: Dict[str, Optional[RunRecord]], h: HostClean) -> None:
-    """This registry's runs remember the hosts they were removed from (ps --disk's removed_from)."""
+    """This registry's runs remember the hosts they were removed from (ps --disk's removed_from); a run
+    whose job.outputs selected nothing there is noted as pulled with nothing (so `clean --local` and
+    retention let its record go too: there was nothing to keep)."""
+    empty = {d.run_id for d in h.decisions if d.remove and (d.listed or {}).get("outputs_found") is False}
     for r in h.removed:
         if r["id"] in records and records[r["id"]] is not None:
             store.cleaned.note(r["id"], h.host, r["bytes"])
+            if r["id"] in empty and records[r["id"]].outputs_unpulled:
+                store.pulls.note(r["id"], h.host, 0, 0, "")
 
 
 def _report_unlisted(rules: Rules, hosts: List[HostClean], on_problem: Callable[[str], None]) -> None:

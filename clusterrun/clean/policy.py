@@ -63,10 +63,13 @@ def protected(record: Optional[RunRecord]) -> str:
 UNPULLED = "outputs never pulled"
 
 
-def unpulled(record: Optional[RunRecord], rules: Rules) -> str:
+def unpulled(record: Optional[RunRecord], rules: Rules, entry: Optional[dict] = None) -> str:
     """Why a run stays for its outputs ("" when it may go): it names job.outputs and no pull of them
-    completed, and --force was not given."""
+    completed, and --force was not given; not when its host says they selected nothing (entry: its
+    listing's, `outputs_found`): such a run has nothing to keep."""
     if record is None or rules.force or not record.outputs_unpulled:
+        return ""
+    if entry is not None and entry.get("outputs_found") is False:
         return ""
     return f"{UNPULLED}: `clusterrun pull {record.id}` first, or --force"
 
@@ -105,8 +108,8 @@ def _kept_anyway(entry: dict, rules: Rules, records: Mapping[str, Optional[RunRe
         return "may still run: " + still
     if rules.runs and run_id not in rules.runs:
         return "not named"
-    if status == "finished" and unpulled(records.get(run_id), rules):
-        return unpulled(records.get(run_id), rules)
+    if status == "finished" and unpulled(records.get(run_id), rules, entry):
+        return unpulled(records.get(run_id), rules, entry)
     if run_id not in records and not rules.runs and not rules.foreign:
         return "not this registry's run (--foreign to include it)"
     return ""

@@ -29,6 +29,8 @@ def host_spec(inv: Inventory, plan: LaunchPlan, node: NodePlan, secrets: Mapping
                      "env": {**node.env, **values, **extra}, "ranks": [{"rank": r.rank} for r in node.ranks]})
     if claim is not None:
         spec["claim"] = claim
+    if inv.job.outputs and node.node_rank == 0:  # the host's `runs` says whether they selected anything
+        spec["outputs"] = list(inv.job.outputs)
     if inv.notify and node.node_rank == 0:
         spec["notify"] = notify_conf(inv, plan, node, detached)
     return spec

@@ -150,7 +150,8 @@ def pull_files(store: RunStore, record: RunRecord, targets: Sequence[PullTarget]
                      thread_name="pull")
     streams: Dict[str, PullStream] = listed.results
     try:
-        _refuse_bad_input(record, targets, listed.errors, streams, require)
+        _refuse_bad_input(record, targets, listed.errors, streams, require,
+                          ended_empty=lambda: _nothing_to_keep(store, record, targets, paths))
         sums = HashCache(os.path.join(store.home, "pull-hashes.json"))
         jobs = [t for t in targets if t.host.name in streams]
         done = fan_out(jobs, lambda t: _Fetch(t, streams[t.host.name], sums, post, stop).run(), name=name,
@@ -168,16 +169,27 @@ def pull_files(store: RunStore, record: RunRecord, targets: Sequence[PullTarget]
 
 
 def _refuse_bad_input(record: RunRecord, targets: Sequence[PullTarget], errors: Mapping[str, HostError],
-                      streams: Mapping[str, PullStream], require: bool) -> None:
-    """A PATH a host refused, or (require) PATHs that selected nothing anywhere: UsageError, nothing written."""
+                      streams: Mapping[str, PullStream], require: bool, ended_empty: Callable[[], str]) -> None:
+    """A PATH a host refused, or (require) PATHs that selected nothing anywhere: UsageError, nothing written
+    (ended_empty: what it means for the run, said after)."""
     refused = {n: e for n, e in errors.items() if isinstance(e, OutsideRun)}
     if refused:
         raise UsageError("pull: " + "; ".join(f"{n}: {e.message}" for n, e in refused.items()))
     listings = [s.listing for s in streams.values() if s.listing is not None]
     if require and not errors and not any(listing.files for listing in listings):
-        raise UsageError(_nothing_selected(record, targets, listings))
+        raise UsageError(_nothing_selected(record, targets, listings) + ended_empty())
     if errors and not streams:
         raise HostsFailed("pull", errors)
+
+
+def _nothing_to_keep(store: RunStore, record: RunRecord, targets: Sequence[PullTarget], paths: Sequence[str]) -> str:
+    """An ended run whose job.outputs select nothing has nothing to keep: noted as pulled (with nothing), so
+    `clean` and retention do not keep it for a pull that can never bring anything (and said so)."""
+    if not record.terminal or not record.outputs or not set(record.outputs) <= set(paths):
+        return ""
+    for t in targets:
+        store.pulls.note(record.id, t.host.name, 0, 0, "")
+    return "; the run has ended, so it has no outputs to keep: `clusterrun clean` may remove it"
 
 
 def _nothing_selected(record: RunRecord, targets: Sequence[PullTarget], listings: Sequence[Listing]) -> str:

@@ -133,6 +133,18 @@ def test_pull_brings_outputs_back_incrementally_per_host_and_refuses_what_leads_
     nothing = cli("pull", "--to", bad)
     assert nothing.returncode == 2 and "nothing to pull: it has no job.outputs" in nothing.stderr
     assert not bad.exists()
+    # a detached run whose job.outputs selected nothing: pull says there is nothing to keep, and clean no
+    # longer keeps it for a pull that can never bring anything (issue 36: they sent you in a circle)
+    none = cli("launch", "--detach", inventory(project, "none.yaml", job={"outputs": ["missing/"]}))
+    assert none.returncode == 0, none.stderr
+    gone = latest(project)
+    wait_for(lambda: json.loads(cli("ps", "--json").stdout)[0]["state"] == "succeeded", timeout=30, every=0.2)
+    empty = cli("pull", gone, "--to", bad)
+    assert empty.returncode == 2 and "missing/ matched no file on here0" in empty.stderr, empty.stderr
+    assert "the run has ended, so it has no outputs to keep" in " ".join(empty.stderr.split())
+    cleaned = cli("clean", "--json", gone)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert gone in {r["id"] for h in json.loads(cleaned.stdout)["hosts"] for r in h["removed"]}, cleaned.stdout
 
 
 def test_a_cut_pull_resumes_from_its_part_file_and_never_leaves_half_a_file(project, cr_home):

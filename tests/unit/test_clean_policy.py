@@ -8,7 +8,7 @@ import sys
 from clusterrun.clean.policy import Rules, select_removals
 from clusterrun.registry.store import RunStore
 from hostkit import project, spec
-from support import poll
+from support import poll, wait_for
 
 NOW = 1_800_000_000.0
 
@@ -160,6 +160,36 @@ def test_a_run_whose_outputs_were_never_pulled_stays_unless_forced(tmp_path):
     assert [(i, r) for i, r, _ in clean_local(store, Rules(keep=0))] == [(ids[0], False), (ids[1], True),
                                                                          (ids[2], True)]
     assert [(i, r) for i, r, _ in clean_local(store, Rules(keep=0, force=True))] == [(ids[0], True)]
+
+
+def test_a_run_whose_outputs_selected_nothing_has_nothing_to_keep(tmp_path, host_client):
+    """clean kept it ("outputs never pulled: pull first") while pull said "nothing to pull" (exit 2), a
+    circle, and retention kept such runs for ever (issue 36): the host's listing says the outputs select
+    nothing, clean lets the run go and notes it as pulled with nothing; pull says there is nothing to keep."""
+    from clusterrun.clean.apply import clean_local
+    from clusterrun.outcome import interrupted as interrupted_
+
+    store = RunStore(str(tmp_path / "state"))
+    run_id = "20261201-000000-0007"
+    host_client.push(run_id, project(tmp_path, {"job.py": b"print('no outputs written')\n"}), hold=False)
+    host_client.start(run_id, spec(run_id, [(0, [sys.executable, "job.py"])], outputs=["outputs/", "*.pt"]))
+    listing = wait_for(lambda: [e for e in host_client.runs()["runs"] if e["status"] == "finished"])
+    assert listing[0]["outputs_found"] is False
+    store.create(run_id, "inv.yaml", {"job": {"outputs": ["outputs/", "*.pt"]}}, {"nodes": []}, {}, [], [])
+    store.conclude(interrupted_(run_id))
+    records = {run_id: store.get(run_id)}
+    assert records[run_id].outputs_unpulled
+    (decision,) = select_removals(listing, Rules(keep=0), records, NOW)
+    assert decision.remove, decision
+    # a run whose outputs are there is kept as before
+    kept = dict(listing[0], outputs_found=True)
+    assert not select_removals([kept], Rules(keep=0), records, NOW)[0].remove
+    # the registry's record goes too once the host's folder went with nothing to keep
+    from clusterrun.clean.apply import HostClean, _note_removed
+
+    _note_removed(store, records, HostClean("node0", decisions=(decision,), removed=[{"id": run_id, "bytes": 1}]))
+    assert not store.get(run_id).outputs_unpulled
+    assert [(i, r) for i, r, _ in clean_local(store, Rules(keep=0))] == [(run_id, True)]
 
 
 def test_pruning_a_record_keeps_what_was_pulled(tmp_path):

@@ -17,6 +17,7 @@ import time
 from ..files import read_json
 from ..paths import attempt_dirs
 from ..procs import MARKER_ENV, process_marker, same_process
+from ..observe.pull import RunTree
 from ..observe.state import collect_exits, load_state, supervisor_done
 from ..wire import reply
 from .lock import being_received
@@ -181,6 +182,16 @@ def disk(workdir):
     return {"free": usage.free, "total": usage.total}
 
 
+def _selects_any(run_dir, patterns):
+    """Whether the run's job.outputs select any file (the listing a pull would make, without its hashes)."""
+    tree = RunTree(run_dir)
+    try:
+        return any(True for text in patterns if isinstance(text, str)
+                   for _ in tree.matches(*tree.place(text)))
+    except Exception:  # a pattern the pull would refuse: say "maybe", so the run is kept
+        return True
+
+
 def cmd_runs(workdir):
     """Every run folder here with its status, its bytes and its log sizes; the cache's size; free space."""
     runs_dir = os.path.join(workdir, "runs")
@@ -195,10 +206,13 @@ def cmd_runs(workdir):
         own, shared, _ = walk(run_dir)
         total_own += own
         spec = read_json(os.path.join(run_dir, "spec.json")) or {}
-        runs.append({"id": name, "status": state, "why": why, "bytes": own, "job_bytes": shared,
-                     "ended_at": _ended_at(run_dir), "logs": _logs(run_dir),
-                     "secrets_left": any(n in (r.get("env") or {}) for r in spec.get("ranks", [])
-                                         for n in spec.get("secret_names") or [])})
+        entry = {"id": name, "status": state, "why": why, "bytes": own, "job_bytes": shared,
+                 "ended_at": _ended_at(run_dir), "logs": _logs(run_dir),
+                 "secrets_left": any(n in (r.get("env") or {}) for r in spec.get("ranks", [])
+                                     for n in spec.get("secret_names") or [])}
+        if state == "finished" and spec.get("outputs"):  # anything there to keep for a pull? (clean's policy)
+            entry["outputs_found"] = _selects_any(run_dir, spec["outputs"])
+        runs.append(entry)
     n, size, free_n, free_size = cache_usage(workdir)
     reply({"runs": runs, "usage": dict(disk(workdir), runs=total_own, cache=size, cache_objects=n,
                                        cache_unreferenced=free_size, cache_unreferenced_objects=free_n),
