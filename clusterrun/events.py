@@ -74,7 +74,7 @@ class RankEnded:
 
 @dataclass(frozen=True)
 class Waiting:
-    """launch --wait: where the launch stands in line on its hosts (launch.claiming.WaitStatus), whenever
+    """launch --wait: where the launch stands in line on its hosts (hosts.claims.WaitStatus), whenever
     that changes."""
 
     status: object

@@ -91,6 +91,7 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
     from rich.text import Text
 
     from ..runs.logs import fetch_logs, replay_copies, select_logs
+    from ..states import RunState
     from ..ui.console import LogPrinter, console
 
     registry = store()
@@ -113,6 +114,11 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
 
     wanted = set(sel.ranks)
     stop_flag: List[bool] = []
+    if follow and record.state is RunState.WAITING:  # --detach --wait: in line on its hosts
+        record, code = _await_turn(registry, record, err, secrets)
+        if code is not None:
+            return code
+        sel = select_logs(record, attempt_no, ranks)
     with forward_signals(lambda: stop_flag.append(True)):
         fetch_logs(registry, run_id, connect_for(record), follow=follow, stop_flag=stop_flag,
                    on_lines=lambda ev: ev.rank in wanted and printer.write(ev.host, ev.rank, ev.data),
@@ -127,6 +133,34 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
         err.print(Text(f"stopped following; run {run_id} goes on (`clusterrun stop {run_id}` ends it)", style="dim"))
         return EXIT_INTERRUPTED
     return _closing_summary(record, secrets)
+
+
+def _await_turn(registry, record, err, secrets):
+    """A queued run (launch --detach --wait): its standing on its hosts each time it changes, until it
+    starts there; (the record then, None), or (it, the exit code) when it ended in line or Ctrl-C came."""
+    import time
+
+    from rich.text import Text
+
+    from ..hosts.claims import WaitStatus
+    from ..runs.logs import await_turn
+    from ..ui.claims import wait_line
+
+    since = record.created_at
+    err.print(Text(f"run {record.id} waits in line on its hosts; following it once it starts (Ctrl-C stops "
+                   "following, not the run)", style="dim"))
+    stop_flag: List[bool] = []
+    with forward_signals(lambda: stop_flag.append(True)):
+        record = await_turn(registry, record.id, connect_for(record), stop_flag=stop_flag,
+                            on_standing=lambda s: err.print(
+                                Text(wait_line(WaitStatus.from_wire(s, time.time() - since)), style="yellow")))
+    if stop_flag:
+        err.print(Text(f"stopped waiting; run {record.id} stays in line (`clusterrun stop {record.id}` takes it "
+                       "out)", style="dim"))
+        return record, EXIT_INTERRUPTED
+    if record.terminal and not any(r.started_at for r in record.ranks):  # it gave up waiting
+        return record, _closing_summary(record, secrets)
+    return record, None
 
 
 def _follow_later_attempts(registry, record, attempt: int, printer, wanted, stop_flag: List[bool], err):

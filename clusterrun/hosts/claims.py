@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import HostBusy, HostError
 from .group import GroupResult, on_hosts
@@ -65,6 +65,33 @@ class Holder:
 
 def holders_of(host: str, entries: Sequence[dict]) -> Tuple[Holder, ...]:
     return tuple(Holder.from_wire(host, e) for e in entries or ())
+
+
+@dataclass(frozen=True)
+class HostWait:
+    """Where one host of a waiting launch stands."""
+
+    host: str
+    ready: bool
+    position: int
+    holders: Tuple[Holder, ...]
+    ahead: Tuple[Holder, ...]
+
+
+@dataclass(frozen=True)
+class WaitStatus:
+    """A waiting launch's place on every host (what the terminal shows)."""
+
+    hosts: Tuple[HostWait, ...]
+    waited: float
+
+    @classmethod
+    def from_wire(cls, standings: Mapping[str, dict], waited: float) -> "WaitStatus":
+        """Each host's standing as it said it ({"ready", "position", "holders", "ahead"}: the push's queued
+        status, or a waiting run's `status`), in the order given."""
+        return cls(tuple(HostWait(host, bool(s.get("ready")), int(s.get("position") or 1),
+                                  holders_of(host, s.get("holders")), holders_of(host, s.get("ahead")))
+                         for host, s in standings.items()), waited)
 
 
 def busy_error(host: str, status: dict, *, waited: Optional[float] = None) -> HostBusy:

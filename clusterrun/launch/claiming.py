@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from ..config.inventory import Inventory
 from ..errors import ClaimDropped, ConnectError, HostBusy, HostsBusy, HostsFailed
-from ..hosts.claims import Holder, busy_error, holders_of
+from ..hosts.claims import WaitStatus, busy_error
 from ..plan import LaunchPlan, NodePlan
 
 PROBE_S = 1.0  # a waiting launch asks each host how it stands this often
@@ -81,25 +81,6 @@ def start_claim(inv: Inventory, plan: LaunchPlan, request: Optional[dict], gpus:
 
 
 # -------------------------------------------------------------- the launch's verdict
-
-
-@dataclass(frozen=True)
-class HostWait:
-    """Where one host of a waiting launch stands."""
-
-    host: str
-    ready: bool
-    position: int
-    holders: Tuple[Holder, ...]
-    ahead: Tuple[Holder, ...]
-
-
-@dataclass(frozen=True)
-class WaitStatus:
-    """A waiting launch's place on every host (what the terminal shows)."""
-
-    hosts: Tuple[HostWait, ...]
-    waited: float
 
 
 @dataclass
@@ -225,10 +206,7 @@ class ClaimGroup:
     def _show(self) -> None:
         if len(self._latest) < len(self.names) or not self.wait:
             return  # until every host has said how it stands
-        hosts = tuple(HostWait(self.names[i], bool(s.get("ready")), int(s.get("position") or 1),
-                               holders_of(self.names[i], s.get("holders")), holders_of(self.names[i], s.get("ahead")))
-                      for i, s in sorted(self._latest.items()))
-        status = WaitStatus(hosts, self.waited)
+        status = WaitStatus.from_wire({self.names[i]: s for i, s in sorted(self._latest.items())}, self.waited)
         if self._shown is None or self._shown.hosts != status.hosts:
             self._shown = status
             self.notify(status)

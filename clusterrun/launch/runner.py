@@ -21,6 +21,7 @@ from ..config.inventory import Host, Inventory, inventory_snapshot
 from .. import outcome
 from ..errors import ClusterrunError, HostsFailed
 from ..events import HostDone, HostProgress, Notice, Phase, Waiting
+from ..hosts.claims import WaitStatus
 from ..hosts.client import HostClient
 from ..hosts.group import GroupResult, background, fan_out
 from ..hosts.relay import RelayGroup
@@ -34,7 +35,7 @@ from . import restarts
 from .job_setup import run_setup
 from .job_outputs import pull_outputs
 from .job_ports import PortForwards
-from .claiming import LaunchClaims, WaitStatus, prepare_failure, wait_mesh
+from .claiming import LaunchClaims, prepare_failure, wait_mesh
 from .hostset import Closed, HostSet
 from .monitor import Monitor
 from .preflight import checked_plan, preflight

@@ -15,7 +15,7 @@ from ..errors import UsageError
 from ..events import LogLines, RankSeen, Stuck
 from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RunGone
-from ..hosts.group import fan_out
+from ..hosts.group import fan_out, on_hosts
 from ..hosts.logs import LineSplitter, tail_lines
 from ..outcome import RankResult, RunOutcome
 from ..plan import attempt_key
@@ -38,6 +38,29 @@ def await_end(store: RunStore, run_id: str, connect: Connect, attempt: int,
         if not controller_alive(record.controller):
             return reconcile(store, run_id, connect)[0]
         time.sleep(0.2)
+
+
+def await_turn(store: RunStore, run_id: str, connect: Connect, on_standing: Callable[[Dict[str, dict]], None],
+               stop_flag: Sequence[bool] = (), every: float = 2.0) -> RunRecord:
+    """A `--detach --wait` run still in line: ask its hosts how it stands every `every` seconds, hand
+    on_standing each host's standing whenever one changed ({host: {"position", "holders", "ahead"}}), and
+    return the record once no host says it waits any more (started, or given up: ps's reconcile)."""
+    record = store.get(run_id)
+    _, nodes = nodes_of(record)
+    key = attempt_key(run_id, record.attempt)
+    last: Optional[Dict[str, dict]] = None
+    while not stop_flag:
+        asked = on_hosts(nodes, connect, lambda node, client: client.status(key), thread_name="status")
+        waiting = {name: a.get("standing") or {} for name, a in asked.results.items() if a.get("waiting")}
+        if not waiting and not asked.failed:
+            break
+        if waiting and waiting != last:
+            on_standing(waiting)
+            last = waiting
+        deadline = time.monotonic() + every
+        while time.monotonic() < deadline and not stop_flag:
+            time.sleep(0.1)
+    return reconcile(store, run_id, connect)[0]
 
 
 def recorded_outcome(record: RunRecord) -> RunOutcome:

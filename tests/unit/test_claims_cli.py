@@ -96,3 +96,39 @@ def test_ps_hosts_on_free_hosts_says_so_instead_of_an_empty_table(tmp_path, cr_h
     text = capsys.readouterr().out
     assert "no claims and nobody waiting on 2 hosts" in text and "free: here[0-1]" in text, text
     assert "┏" not in text  # no table without a row
+
+
+def test_logs_follow_of_a_queued_run_waits_in_line_then_follows_it(tmp_path, cr_home, monkeypatch):
+    """`logs -f` of a `--detach --wait` run still in line exited 1 at once ("the hosts no longer keep run
+    ... the run was not started"); it waits, saying where the run stands, then follows it, with its exit
+    code (issue 36)."""
+    import subprocess
+    import threading
+
+    monkeypatch.setenv("CLUSTERRUN_NO_RETENTION", "1")
+    inv, folder = inventory(tmp_path)
+    holder = hold(folder, "20261201-100000-aaaa")  # here0 is busy
+    cmd = [sys.executable, "-m", "clusterrun"]
+    queued = subprocess.run(cmd + ["launch", "--detach", "--wait", str(inv)], capture_output=True, text=True,
+                            timeout=120)
+    assert queued.returncode == 0 and "queued" in queued.stderr, queued.stderr
+    follow = subprocess.Popen(cmd + ["logs", "-f"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said: list = []
+    reader = threading.Thread(target=lambda: said.extend(follow.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any("held by" in line for line in said):
+            time.sleep(0.1)
+        assert any("waits in line on its hosts" in line for line in said), said
+        assert any(line.startswith("waiting (") and "here0: held by" in line and "20261201-100000-aaaa" in line
+                   for line in said), said
+        assert follow.poll() is None  # still waiting, not "the run was not started"
+        holder.release()  # its turn comes: the waiters start it, logs -f follows it to its end
+        out, _ = follow.communicate(timeout=120)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    reader.join(5)
+    assert follow.returncode == 0, said
+    assert "[here0 r0] hi" in out and "[here1 r1] hi" in out, (out, said)

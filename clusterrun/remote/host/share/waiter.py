@@ -28,8 +28,9 @@ queue entry and the pushed job; the run folder keeps only waited.json (why), whi
 A waiter that dies (SIGKILL) leaves a stale queue entry (its pid is gone: ignored by everyone, removed
 by the next check of its user), and the others give up after host_lost: the queue goes on without it.
 
-Files: RUN/waiter.json {"pid", "ticks", "since", "coordinator"} while it waits (`stop` sends it TERM,
-`status` says "waiting"), RUN/waited.json {"gave_up": TEXT, "at"} after it gave up.
+Files: RUN/waiter.json {"pid", "ticks", "since", "coordinator", "standing": {"ready", "position", "holders",
+"ahead"}} while it waits (`stop` sends it TERM, `status` says "waiting" with its standing), RUN/waited.json
+{"gave_up": TEXT, "at"} after it gave up.
 """
 
 import os
@@ -118,7 +119,7 @@ def state(run_dir):
     """What `status` says of a run that never started here: waiting (its waiter lives), gave up, or neither."""
     info = read_json(os.path.join(run_dir, WAITER_FILE))
     if info and same_process(info.get("pid"), info.get("ticks")):
-        return {"waiting": True, "since": info.get("since")}
+        return {"waiting": True, "since": info.get("since"), "standing": info.get("standing")}
     done = read_json(os.path.join(run_dir, WAITED_FILE))
     return {"gave_up": done.get("gave_up")} if done else {}
 
@@ -132,6 +133,8 @@ class Waiter:
         self.deadline = time.time() + float(limit) if limit else None
         self.stopping = []
         self.last_probe = 0.0
+        self.info = {}  # what waiter.json says (its standing rewritten when it changes: `logs -f` shows it)
+        self.standing = None
 
     def log(self, text):
         sys.stdout.write("%s %s\n" % (time.strftime("%H:%M:%S"), text))
@@ -141,9 +144,9 @@ class Waiter:
         signal.signal(signal.SIGTERM, lambda signum, frame: self.stopping.append(signum))
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         me = os.getpid()
-        write_json_atomic(os.path.join(self.run_dir, WAITER_FILE), {"pid": me, "ticks": start_ticks(me),
-                                                                   "since": time.time(),
-                                                                   "coordinator": bool(self.conf.get("coordinator"))})
+        self.info = {"pid": me, "ticks": start_ticks(me), "since": time.time(),
+                     "coordinator": bool(self.conf.get("coordinator"))}
+        write_json_atomic(os.path.join(self.run_dir, WAITER_FILE), self.info)
         self.log("waiting for this host's turn (%s)" % self.claim.claims.folder.path)
         try:
             return self.loop()
@@ -159,11 +162,22 @@ class Waiter:
         return None
 
     def ready(self):
-        return "granted" in self.claim.claims.admit(take=False)
+        return "granted" in self.probe()
 
     def status(self):
-        verdict = self.claim.claims.admit(take=False)
+        verdict = self.probe()
         return {"ready": "granted" in verdict, "position": verdict.get("position", 1)}
+
+    def probe(self):
+        """This host's verdict now (nothing taken); its standing (place in line, who is in the way) kept in
+        waiter.json when it changed, for `status` (`clusterrun logs -f` of a run in line shows it)."""
+        verdict = self.claim.claims.admit(take=False)
+        standing = {"ready": "granted" in verdict, "position": verdict.get("position", 1),
+                    "holders": verdict.get("holders") or [], "ahead": verdict.get("ahead") or []}
+        if standing != self.standing and os.path.exists(os.path.join(self.run_dir, WAITER_FILE)):
+            self.standing = standing
+            write_json_atomic(os.path.join(self.run_dir, WAITER_FILE), dict(self.info, standing=standing))
+        return verdict
 
     def take(self):
         """Take the claim now (tentatively): True when this host said yes."""
