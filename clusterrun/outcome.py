@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from .errors import EXIT_FAILED, ClusterrunError, HostsFailed
+from .remote.host.words import INTERRUPTED, how_it_ended, rank_failed, signal_name, time_limit_reached
 from .states import RankState, RunState
 
 HUNG = "hung:"  # the stop reason the supervisors give a run stopped by job.hang_timeout (remote/host/run/hang.py)
@@ -95,15 +96,9 @@ class RankResult:
             return f"lost ({self.note})" if self.note else "lost"
         if state is RankState.STOPPED:
             return self._describe_stop(cause)
-        if self.signal and self.note.startswith(OOM):
-            return f"{self.note} ({signal_name(self.signal)})"
         # a rank that failed on its own is not said to have failed because of the root cause: ranks that
         # all lack torch fail within the same millisecond, and so does a rank whose peer's socket reset
-        if self.signal:
-            return f"killed by signal {self.signal} ({signal_name(self.signal)})"
-        if self.exit_code is not None:
-            return f"exit code {self.exit_code}"
-        return self.note or state.value
+        return how_it_ended(self.exit_code, self.signal, self.note) or state.value
 
     def _describe_stop(self, cause: Optional["RankResult"]) -> str:
         """Who stopped it and why (the stop reason its exit record carries), then how it ended."""
@@ -318,11 +313,6 @@ def network_hint(result: RankResult, text: str, addresses: Addresses) -> str:
             f"Fix: {_IFNAME_FIX} for {host}")
 
 
-def signal_name(sig: int) -> str:
-    try:
-        return _signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 def root_cause(ranks: Sequence[RankResult]) -> Optional[RankResult]:
@@ -358,17 +348,16 @@ def _decide(run_id: str, ranks: Tuple[RankResult, ...], ended_by: Optional[Ended
     root = root_cause(ranks)
     ended_by = _ended_by(ranks, ended_by)
     if ended_by is EndedBy.INTERRUPT:
-        return _end(run_id, RunState.INTERRUPTED, "interrupted by the user (Ctrl-C)", root, ranks)
+        return _end(run_id, RunState.INTERRUPTED, INTERRUPTED, root, ranks)
     if ended_by is EndedBy.TIME_LIMIT:
-        limit = f" of {time_limit:g} s" if time_limit else ""
-        return _end(run_id, RunState.TIMED_OUT, f"time limit{limit} reached", root, ranks)
+        return _end(run_id, RunState.TIMED_OUT, time_limit_reached(time_limit), root, ranks)
     states = [RankState(r.state) for r in ranks]
     if ended_by is not None or all(s.terminal for s in states):
         hung = _hung(run_id, ranks)  # first: a rank that died once its hung peers were stopped is no cause
         if hung is not None:
             return hung
     if root is not None and (ended_by is not None or all(s.terminal for s in states)):
-        return _end(run_id, RunState.FAILED, f"rank {root.rank} on {root.host}: {root.describe()}", root, ranks)
+        return _end(run_id, RunState.FAILED, rank_failed(root.rank, root.host, root.describe()), root, ranks)
     if not all(s.terminal for s in states):
         return None
     return _ended_without_failure(run_id, states, ranks, stop_note)
@@ -427,7 +416,7 @@ def _end(run_id: str, state: RunState, reason: str, root: Optional[RankResult],
     return RunOutcome(run_id, state, code, reason, root_cause=root, ranks=ranks)
 
 
-def interrupted(run_id: str, why: str = "interrupted by the user (Ctrl-C)") -> RunOutcome:
+def interrupted(run_id: str, why: str = INTERRUPTED) -> RunOutcome:
     """Ctrl-C before the ranks ran (while connecting, pushing, starting, or waiting to restart)."""
     return RunOutcome(run_id, RunState.INTERRUPTED, RunState.INTERRUPTED.exit_code, why)
 

@@ -45,7 +45,7 @@ def notify_conf(inv: Inventory, plan: LaunchPlan, node: NodePlan, detached: bool
     # restarts are the controller's: a detached run (or one whose controller died) makes no new attempt
     left = 0 if detached else max(0, inv.job.restarts - plan.attempt)
     return {"commands": list(inv.notify), "timeout": inv.timeouts.notify, "env": env, "attempt": plan.attempt + 1,
-            "restarts_left": left}
+            "restarts_left": left, "time_limit_s": inv.job.time_limit_s}
 
 
 def peers(inv: Inventory, plan: LaunchPlan, node: NodePlan, token: str, coordinator_port: Optional[int]) -> dict:
@@ -57,7 +57,8 @@ def peers(inv: Inventory, plan: LaunchPlan, node: NodePlan, token: str, coordina
     # each end checks the other proves the token; the coordinator lets in only the run's hosts' addresses,
     # and each supervisor binds (listens or connects from) its own
     common = {"token": token, "host_lost": t.host_lost, "join_timeout": t.command + t.host_lost,
-              "run": plan.attempt_key, "bind": node.host.master_addr}
+              "run": plan.attempt_key, "bind": node.host.master_addr,
+              "names": {str(n.node_rank): n.host.name for n in plan.nodes}}  # words of a peer's end, as ps says
     if node.node_rank == 0:
         return {**common, "coordinator": True, "expect": [n.node_rank for n in plan.nodes[1:]],
                 "allow": sorted({n.host.master_addr for n in plan.nodes})}

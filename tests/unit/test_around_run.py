@@ -254,6 +254,10 @@ def test_notify_runs_on_rank_0s_host_with_the_end_and_a_failing_or_hanging_one_c
     line = said.read_text().splitlines()[1]
     assert line.startswith(f"{run_id} failed 1 [") and "rank 1" in line, line
     assert wait_for(lambda: json.loads(cli("ps", "--json").stdout)[0]["state"] == "failed")
+    # CLUSTERRUN_REASON is ps's reason, word for word (issue 36: "rank 1 on node 1 failed" against "rank 1
+    # on node1: exit code 1"): both say it with remote/host/words.py
+    reason = json.loads(cli("ps", "--json").stdout)[0]["reason"]
+    assert reason == "rank 1 on here1: exit code 3" and line == f"{run_id} failed 1 [{reason}] tok-3141592653", line
 
 
 def test_port_specs_and_what_the_url_line_says():

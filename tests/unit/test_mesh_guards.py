@@ -207,7 +207,7 @@ def test_a_forged_or_replayed_stop_in_the_stream_is_dropped_and_logged_and_the_m
         coordinator.stop("a real stop")  # and the real words still pass
         assert wait_until(lambda: peer.stop_reason == "a real stop")
         peer.send({"failed": {"rank": 1, "exit_code": 3, "signal": None}})
-        assert wait_until(lambda: coordinator.failure == "rank 1 on node 1 failed")
+        assert wait_until(lambda: coordinator.failure == "rank 1 on node 1: exit code 3")
         assert ticker.raised == []
     finally:
         close_mesh(coordinator, peer, proxy, ticker)

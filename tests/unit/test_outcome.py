@@ -88,8 +88,8 @@ def test_a_stopped_rank_says_who_stopped_it_and_why():
     # stopped after a peer failed: named as such, not as if clusterrun had ended it for no reason
     assert stopped(signal=15, stop_reason="failed").describe(cause) == \
         "stopped by clusterrun after rank 2 on node1 failed (SIGTERM)"
-    assert stopped(signal=15, stop_reason="failed elsewhere: rank 2 on node 1 failed").describe() == \
-        "stopped by clusterrun after rank 2 on node 1 failed (SIGTERM)"
+    assert stopped(signal=15, stop_reason="failed elsewhere: rank 2 on node1: exit code 1").describe() == \
+        "stopped by clusterrun after rank 2 on node1: exit code 1 (SIGTERM)"
     # an exit code of its own after the stop is not clusterrun's exit code
     assert stopped(exit_code=2, stop_reason="failed").describe(cause) == \
         "stopped by clusterrun after rank 2 on node1 failed (told to stop, it exited with code 2)"

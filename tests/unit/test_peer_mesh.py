@@ -159,9 +159,10 @@ def test_a_flood_of_idle_connections_is_capped_and_the_peer_stays_joined(live_me
 def test_the_real_peer_is_still_heard_after_all_that(live_mesh):
     coordinator, peer, ticker, _ = live_mesh
     peer.send({"failed": {"rank": 3, "exit_code": 1, "signal": None}})
-    assert wait_until(lambda: coordinator.failure == "rank 3 on node 1 failed")
+    # in ps's words (remote/host/words.py), the node by its host name when the controller gave the names
+    assert wait_until(lambda: coordinator.failure == "rank 3 on node 1: exit code 1")
     coordinator.stop("failed elsewhere: " + coordinator.failure)
-    assert wait_until(lambda: peer.stop_reason == "failed elsewhere: rank 3 on node 1 failed")
+    assert wait_until(lambda: peer.stop_reason == "failed elsewhere: rank 3 on node 1: exit code 1")
     assert ticker.raised == []
 
 
@@ -371,7 +372,7 @@ def test_a_peer_whose_ranks_failed_before_it_ever_connected_still_tells_the_coor
         peer.finish(time.time() + 5.0)
         assert time.monotonic() - t < 4.0
         assert wait_until(lambda: 1 in coordinator.done and coordinator.failure is not None, timeout=3), logs
-        assert "rank 1 on node 1 failed" in coordinator.failure
+        assert "rank 1 on node 1: exit code 1" in coordinator.failure
         assert not coordinator.waiting(time.time())
     finally:
         ticker.stop()

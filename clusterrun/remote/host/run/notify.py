@@ -29,6 +29,7 @@ import time
 from ..paths import job_dir
 from ..secrets import Masker, secret_values
 from ..shell import login_shell
+from ..words import INTERRUPTED, how_it_ended, rank_failed, time_limit_reached
 
 LOG = "notify.log"
 LINGER = 1.0  # after a command exits, how long its output may still come (a child holding the pipe)
@@ -44,7 +45,8 @@ def at_end(supervisor):
         return
     try:
         elsewhere = getattr(supervisor.coordinator, "failure", None)
-        state, reason = verdict(supervisor.exits, supervisor.stop_reason, elsewhere, supervisor.spec.get("node", ""))
+        state, reason = verdict(supervisor.exits, supervisor.stop_reason, elsewhere, supervisor.spec.get("node", ""),
+                                conf.get("time_limit_s"))
         codes = run_all(supervisor.run_dir, supervisor.spec, conf, state, reason)
         supervisor.log("notify: %d command(s) ran for state %s: exit %s"
                        % (len(codes), state, ", ".join(str(c) for c in codes)))
@@ -57,23 +59,24 @@ def _failed(record):
 
 
 def _describe(record, node):
+    """The words `ps` uses for the same end (words.py)."""
     if record.get("lost"):
-        return "rank %s on %s: lost (%s)" % (record.get("rank"), node, record.get("error") or "no exit status")
-    if record.get("signal"):
-        return "rank %s on %s: killed by signal %s" % (record.get("rank"), node, record["signal"])
-    return "rank %s on %s: exit code %s" % (record.get("rank"), node, record.get("exit_code"))
+        how = "lost (%s)" % (record.get("error") or "no exit status")
+    else:
+        how = how_it_ended(record.get("exit_code"), record.get("signal"), record.get("error") or "")
+    return rank_failed(record.get("rank"), node, how)
 
 
-def verdict(exits, stop_reason, elsewhere, node=""):
+def verdict(exits, stop_reason, elsewhere, node="", limit=None):
     """(state, reason) of the run as this host knows it at its end: exits by rank (its exit records),
     why its supervisor stopped the ranks (None: they ended on their own), and the first failure the
     other hosts reported (None: none did). The order of outcome.decide: a Ctrl-C, the time limit, a
     failure, then success or a stop."""
     stop_reason = stop_reason or ""
     if stop_reason == "interrupted":
-        return "interrupted", "interrupted by the user (Ctrl-C)"
+        return "interrupted", INTERRUPTED
     if stop_reason == "time-limit":
-        return "timed-out", "time limit reached"
+        return "timed-out", time_limit_reached(limit)
     failed = sorted((e for e in exits.values() if _failed(e)), key=lambda e: (e.get("ended_at") or 0, e.get("rank")))
     if failed:
         return "failed", _describe(failed[0], node or "this host")

@@ -54,6 +54,7 @@ from ..channel.gate import HELLO_TIMEOUT, MAX_PENDING, Gatekeeper
 from ..channel.handshake import Joining, Terms, is_int
 from ..channel.lines import Line, ProtocolError
 from ..net import bind_address, resolve_all, source_for
+from ..words import how_it_ended, rank_failed
 
 PROTOCOL = "mesh"
 BEAT_EVERY = 1.0
@@ -83,6 +84,8 @@ class Coordinator:
 
     def __init__(self, conf, log):
         self.expect = set(conf["expect"])  # node ranks of the peers
+        names = conf.get("names")
+        self.names = {str(k): str(v) for k, v in names.items()} if isinstance(names, dict) else {}  # node → host
         self.host_lost = float(conf["host_lost"])
         self.join_by = time.time() + float(conf["join_timeout"])
         self.log = log
@@ -154,7 +157,7 @@ class Coordinator:
             self.lost.add(node)
             why = "closed the connection" if line.closed else "went silent for %gs" % self.host_lost
             self.log("peer node %d %s: a host lost" % (node, why))
-            self.failure = self.failure or "node %d lost (its supervisor %s)" % (node, why)
+            self.failure = self.failure or "%s lost (its supervisor %s)" % (self.name_of(node), why)
 
     def _welcome(self, node, line, hello):
         """A peer got in (the gatekeeper welcomed it): it replaces any connection of its node's before."""
@@ -176,8 +179,9 @@ class Coordinator:
                 self._beat(node, msg)
             elif "failed" in msg:
                 f = failure_of(msg)
-                if self.failure is None:
-                    self.failure = "rank %s on node %d failed" % (f.get("rank"), node)
+                if self.failure is None:  # in the words `ps` uses for the same end (words.py)
+                    self.failure = rank_failed(f.get("rank"), self.name_of(node),
+                                               how_it_ended(f.get("exit_code"), f.get("signal")) or "failed")
             elif "done" in msg:
                 if msg["done"] != node:
                     raise ProtocolError("node %d said another node is done" % node)
@@ -197,6 +201,10 @@ class Coordinator:
                 raise ProtocolError("a beat whose quiet is not a number of seconds")
             self.quiet[node] = (float(msg["quiet"]), time.time())
 
+    def name_of(self, node):
+        """A node's host name as the inventory has it (the controller hands them over), else `node N`."""
+        return self.names.get(str(node)) or "node %s" % node
+
     def never_joined(self, now):
         """The peers expected that never joined, once join_timeout has passed (the supervisor records them,
         and counts them as lost hosts when no controller follows the run)."""
@@ -207,7 +215,7 @@ class Coordinator:
         fresh = [n for n in nodes if n not in self.lost]
         self.lost.update(fresh)
         if fresh:
-            self.failure = self.failure or "node %s lost (%s)" % (", ".join(str(n) for n in fresh), why)
+            self.failure = self.failure or "%s lost (%s)" % (", ".join(self.name_of(n) for n in fresh), why)
 
     def waiting(self, now):
         """Whether peers may still run (the coordinator must stay up for them)."""
