@@ -108,7 +108,7 @@ class RankResult:
             return f"stopped: {self.note}"
         reason = self.stop_reason
         if reason == EndedBy.FAILURE.value or reason.startswith("failed elsewhere"):
-            why = f" after rank {cause.rank} on {cause.host} failed" if cause is not None and cause.rank != self.rank \
+            why = _after(cause) if cause is not None and cause.rank != self.rank \
                 else " after " + (reason.split(": ", 1)[1] if ": " in reason else "another rank failed")
         else:
             why = _STOP_WHY.get(reason, f": {reason}" if reason else "")
@@ -119,6 +119,13 @@ class RankResult:
         if self.exit_code is not None:
             return f"stopped by {who}{why} (told to stop, it exited with code {self.exit_code})"
         return f"stopped by {who}{why}"
+
+
+def _after(cause: "RankResult") -> str:
+    """` after rank 2 on node2 failed`, or ` after node2 was lost` (the words the supervisors use for it)."""
+    if RankState(cause.state) is RankState.LOST:
+        return f" after {cause.host} was lost" + (f" ({cause.note})" if cause.note else "")
+    return f" after rank {cause.rank} on {cause.host} failed"
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,15 @@ class HostLost:
 
 
 @dataclass(frozen=True)
+class PeerLost:
+    """Rank 0's host's supervisor lost another host of the run (its mesh: remote/host/run/peers.py): that
+    host is gone as far as the run goes, before its own follower's silence says so (host_lost later)."""
+
+    node_rank: int  # the host lost
+    reason: str
+
+
+@dataclass(frozen=True)
 class RunGone(HostLost):
     """The host answered that it has no such run (its folder is gone, or the run never started there).
     Not an exception: one of the follower's ends, put on its queue like HostLost and FollowDone."""
@@ -101,6 +110,7 @@ class Follower(threading.Thread):
             self._open(("a", i))
         self.clock_offset = 0.0
         self.restarts = 0
+        self._told_lost: set = set()  # the peers rank 0's host said it lost (PeerLost), each told once
         self._halt = threading.Event()
         self._malformed = 0
         self.last_heard = time.monotonic()
@@ -217,6 +227,11 @@ class Follower(threading.Thread):
         if isinstance(restarts, int) and restarts > self.restarts:
             self.restarts = restarts
             self._out.put(HostRestarts(self.node_rank, self.host, restarts))
+        lost = beat.get("lost")
+        for node, why in (lost.items() if isinstance(lost, dict) else ()):
+            if str(node).isdigit() and int(node) not in self._told_lost and isinstance(why, str):
+                self._told_lost.add(int(node))
+                self._out.put(PeerLost(int(node), why[:300]))
         for c in beat.get("connecting") or ():
             if isinstance(c, dict) and isinstance(c.get("remote"), str):
                 self._out.put(Stuck(self.node_rank, self.host, c.get("rank"), c["remote"],

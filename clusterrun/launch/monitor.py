@@ -12,7 +12,7 @@ from ..config.inventory import Timeouts
 from ..errors import HostError
 from ..events import HostRestarts, Notice, Phase, RankEnded, RankSeen, Stuck, counted
 from ..hosts.client import HostClient
-from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RankExit, RunGone
+from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, PeerLost, RankExit, RunGone
 from ..hosts.group import fan_out_background
 from ..hosts.logs import tail_lines
 from ..hosts.wire import FollowStream
@@ -138,6 +138,7 @@ class Monitor:
     def _handle(self, ev: object) -> None:
         handler = {RankSeen: self._on_seen, Stuck: self._on_stuck, HostRestarts: self._on_restarts,
                    RankExit: self._on_exit, HostLost: self._on_lost, RunGone: self._on_lost, FollowDone: self._on_done,
+                   PeerLost: self._on_peer_lost,
                    _StopDone: self._on_stop_done}.get(type(ev))
         if handler is None:
             self._emit(ev)  # log lines, notices: for the terminal
@@ -169,13 +170,20 @@ class Monitor:
         now = time.time()
         for rank in sorted(r for r, n in self._node_of.items() if n == ev.node_rank):
             if rank not in self._ended:
-                self._ended[rank] = RankResult.lost(rank, ev.node_rank, ev.host, f"host lost: {ev.reason}",
+                self._ended[rank] = RankResult.lost(rank, ev.node_rank, ev.host, ev.reason,
                                                     ended_at=now, log_path=self._log_path(rank))
                 self.store.record_rank(self.plan.run_id, self._ended[rank])
         self.store.update_host(self.plan.run_id, self._index(ev.node_rank), state=HostState.LOST, cleanup=Cleanup.PENDING,
                                error=ev.reason)
         if self._stop_reason is None:
             self._begin_stop(EndedBy.FAILURE, self._timeouts.grace)
+
+    def _on_peer_lost(self, ev: PeerLost) -> None:
+        """Rank 0's host's supervisor lost a host (its supervisor's connection closed, or it went silent):
+        the same verdict as that host's own follower would reach host_lost later, taken now, so the launch
+        ends when the run has ended everywhere it can reach (one story: the supervisors' words)."""
+        if 0 <= ev.node_rank < len(self.plan.nodes) and ev.node_rank != 0:
+            self._on_lost(HostLost(ev.node_rank, self.plan.nodes[ev.node_rank].host.name, ev.reason))
 
     def _on_done(self, ev: FollowDone) -> None:
         self._followed.add(ev.node_rank)

@@ -246,7 +246,12 @@ class RunView:
         if outcome.reason:
             err.print(Text(outcome.reason, style="bold red" if outcome.exit_code else ""))
         if outcome.cleanup_pending:
-            err.print(Text(f"not stopped on: {', '.join(outcome.cleanup_pending)} (unreachable); run "
-                           f"`clusterrun stop {outcome.run_id}` once they are back", style="bold yellow"))
+            lost = {r.host for r in outcome.ranks if r.state is RankState.LOST}
+            gone = [h for h in outcome.cleanup_pending if h in lost]
+            other = [h for h in outcome.cleanup_pending if h not in lost]
+            parts = ([f"{', '.join(gone)} (lost: not reached to stop what may run there)"] if gone else []) + \
+                ([f"{', '.join(other)} (unreachable)"] if other else [])
+            err.print(Text(f"not stopped on: {'; '.join(parts)}; `clusterrun stop {outcome.run_id}` once "
+                           f"{'it is' if len(outcome.cleanup_pending) == 1 else 'they are'} back", style="bold yellow"))
         err.print(Text(f"exit {outcome.exit_code} after {outcome.seconds:.1f} s; logs: clusterrun logs "
                        f"{outcome.run_id}", style="dim"))

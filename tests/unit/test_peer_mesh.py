@@ -378,3 +378,50 @@ def test_a_peer_whose_ranks_failed_before_it_ever_connected_still_tells_the_coor
         ticker.stop()
         coordinator.close()
         peer.close()
+
+
+def test_a_peer_whose_supervisor_dies_is_named_lost_by_name_in_rank_0s_state_and_heartbeat(tmp_path):
+    """Rank 0's host's supervisor loses a peer (SIGKILL of its supervisor: the mesh connection closes):
+    state.json's "mesh" and the follow heartbeat say which host and why, by the name the controller gave,
+    so an attached launch ends at once instead of waiting out that host's own silence (issue 36)."""
+    import signal
+
+    from clusterrun.config.inventory import Timeouts
+    from clusterrun.hosts.client import HostClient
+    from clusterrun.transport.local import LocalTransport
+    from hostkit import make_host
+
+    a = HostClient(make_host(tmp_path / "a"), LocalTransport("a"), Timeouts(command=20))
+    b = HostClient(make_host(tmp_path / "b"), LocalTransport("b"), Timeouts(command=20))
+    common = {"token": TOKEN, "host_lost": 30.0, "join_timeout": 20.0, "run": "20261201-000000-0040",
+              "bind": "127.0.0.1", "names": {"0": "alpha", "1": "beta"}}
+    run, state = start_node(a, tmp_path, 0, {**common, "coordinator": True, "expect": [1], "allow": ["127.0.0.1"]},
+                            "s3cr3t-xyz")
+    start_node(b, tmp_path, 1, {**common, "addr": "127.0.0.1", "port": state["coordinator"]["port"]}, "s3cr3t-xyz")
+    folder_a, folder_b = (tmp_path / w / "runs" / run for w in ("a", "b"))
+    try:
+        time.sleep(3.0)  # the peer joins over loopback in well under that
+        os.kill(json.loads((folder_b / "state.json").read_text())["supervisor"]["pid"], signal.SIGKILL)
+
+        def lost():
+            return (json.loads((folder_a / "state.json").read_text()).get("mesh") or {}).get("lost")
+
+        assert wait_until(lambda: lost() == {"1": "its supervisor closed the connection"}, timeout=10), \
+            (folder_a / "supervisor.log").read_text()
+        stream = a.follow(run, {0: 0})
+        beats = []
+        while not beats:
+            frame = stream.next(10)
+            if frame.kind == "H":
+                beats.append(json.loads(frame.payload))
+        stream.close()
+        assert beats[0]["lost"] == {"1": "its supervisor closed the connection"}
+        # the ranks it stopped say the same story, by host name (words.py)
+        assert wait_until(lambda: (folder_a / "rank-0.exit").exists(), timeout=20)
+        record = json.loads((folder_a / "rank-0.exit").read_text())
+        assert record["stop_reason"] == "failed elsewhere: beta lost (its supervisor closed the connection)", record
+    finally:
+        a.stop(run, 1.0)
+        b.stop(run, 1.0)
+        a.close()
+        b.close()

@@ -277,6 +277,40 @@ def test_a_silent_host_is_lost_and_the_rest_is_stopped(tmp_path):
     assert record.cleanup_pending == ["c"]
 
 
+def test_a_host_rank_0s_supervisor_lost_ends_the_launch_at_once_with_one_story(tmp_path):
+    """The attached launch used to wait out host_lost on a host the supervisors' mesh had already lost, and
+    told two stories (issue 36): rank 0's heartbeat says which hosts its supervisor lost; the launch takes
+    that verdict at once, in the same words for the lost host and for the ranks stopped after it."""
+    w = World(INV.replace("host_lost: 1.5", "host_lost: 30"), tmp_path)
+    w.hosts["c"].reachable_for_stop = False
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    t0 = time.monotonic()
+    w.hosts["a"].frames.put(Frame("H", 0, 0, json.dumps(
+        {"now": time.time(), "lost": {"2": "its supervisor closed the connection"}}).encode()))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and t.is_alive():  # a and b stop their ranks and beat; c says nothing
+        for name in ("a", "b"):
+            w.hosts[name].frames.put(Frame("H", 0, 0, json.dumps({"now": time.time()}).encode()))
+        if w.hosts["a"].stops and 0 not in w.hosts["a"].ended:
+            w.hosts["a"].exit(0, signal=15, stopped=True)
+        if w.hosts["b"].stops and 1 not in w.hosts["b"].ended:
+            w.hosts["b"].exit(1, signal=15, stopped=True)
+        time.sleep(0.1)
+    t.join(10)
+    took = time.monotonic() - t0
+    outcome = out["outcome"]
+    assert took < 6, took  # not the host_lost (30 s here) of c's own silence
+    assert outcome.root_cause.host == "c" and outcome.root_cause.state == "lost"
+    assert outcome.reason == f"rank {outcome.root_cause.rank} on c: lost (its supervisor closed the connection)"
+    from dataclasses import replace
+
+    stopped = replace(next(r for r in outcome.ranks if r.rank == 0), stop_reason="failed")  # as a host records it
+    assert stopped.describe(outcome.root_cause) == \
+        "stopped by clusterrun after c was lost (its supervisor closed the connection) (SIGTERM)"
+    assert outcome.cleanup_pending == ("c",)
+
+
 def test_time_limit_stops_and_exits_4(tmp_path):
     w = World(INV.replace("job: {script: train.py}", "job: {script: train.py, time_limit: 0.5s}"), tmp_path)
     t, out = w.run_in_thread(w.runner())

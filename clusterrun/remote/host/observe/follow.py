@@ -3,7 +3,8 @@
 Frames (wire.FRAME: kind, rank, offset, payload length; then the payload):
   L  log bytes of a rank, from its byte offset       X  a rank's exit record (JSON), after its log is drained
   A  log bytes of an auxiliary stream (rank field: its index in AUX, e.g. 0 = torchrun's own output)
-  H  heartbeat {"now", "supervisor_alive", "restarts"} each second (and RUN/followed touched: a controller
+  H  heartbeat {"now", "supervisor_alive", "restarts", "connecting", "lost": {node rank: why} (rank 0's host:
+     the hosts its supervisor's coordinator lost)} each second (and RUN/followed touched: a controller
      follows the run, observe/state.py)
   E  the end: every rank's exit was sent (under torchrun, also once its supervisor is done)
   F  instead of any of these: a failure {"error", "kind", "path"} (main.py); kind "missing": no such run
@@ -85,13 +86,8 @@ class Follow:
             for rank in self.ranks:
                 progressed = self.send_rank(rank) or progressed
             if now - self.last_beat >= HEARTBEAT_EVERY:
-                emit(b"H", 0, 0, json.dumps({"now": now, "supervisor_alive": self.sup_alive,
-                                             "restarts": (self.state or {}).get("restarts", 0),
-                                             "connecting": self.stuck(now)}).encode())
-                self.last_beat = now
+                self.beat(now)
                 progressed = True
-                if not self.once:  # a controller watches: the supervisors' mesh may lean on it (run/supervisor.py)
-                    mark_followed(self.run_dir)
             if progressed:
                 sys.stdout.buffer.flush()
             if self.finished() or self.once:
@@ -102,6 +98,18 @@ class Follow:
                 self.state = read_json(os.path.join(self.run_dir, "state.json"))
             if not progressed:
                 self.idle()
+
+    def beat(self, now):
+        """The heartbeat: this host's clock, torchrun's restarts, ranks stuck connecting, and the hosts rank
+        0's supervisor lost (state.json's "mesh", read again each time)."""
+        self.state = read_json(os.path.join(self.run_dir, "state.json")) or self.state
+        state = self.state or {}
+        emit(b"H", 0, 0, json.dumps({"now": now, "supervisor_alive": self.sup_alive, "restarts": state.get("restarts", 0),
+                                     "connecting": self.stuck(now),
+                                     "lost": (state.get("mesh") or {}).get("lost") or {}}).encode())
+        self.last_beat = now
+        if not self.once:  # a controller watches: the supervisors' mesh may lean on it (run/supervisor.py)
+            mark_followed(self.run_dir)
 
     def idle(self):
         """Nap until there may be more to send: IDLE_SLEEP, or less when the supervisor wrote an exit record."""

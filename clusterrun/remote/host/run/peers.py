@@ -100,6 +100,7 @@ class Coordinator:
                                max_pending=MAX_PENDING, timeout=HELLO_TIMEOUT)
         self.peers = {}  # node_rank -> Line
         self.done, self.lost = set(), set()
+        self.lost_why = {}  # node_rank -> why it was lost (state.json "mesh": the controller hears it at once)
         self.failure = None  # (reason) once a peer failed or was lost
         self.stop_reason = None
         self.last_beat = 0.0
@@ -157,6 +158,7 @@ class Coordinator:
             self.lost.add(node)
             why = "closed the connection" if line.closed else "went silent for %gs" % self.host_lost
             self.log("peer node %d %s: a host lost" % (node, why))
+            self.lost_why[node] = "its supervisor %s" % why
             self.failure = self.failure or "%s lost (its supervisor %s)" % (self.name_of(node), why)
 
     def _welcome(self, node, line, hello):
@@ -214,6 +216,7 @@ class Coordinator:
         """Nodes the supervisor counts as lost hosts without their ever having joined: a failure."""
         fresh = [n for n in nodes if n not in self.lost]
         self.lost.update(fresh)
+        self.lost_why.update((n, why) for n in fresh)
         if fresh:
             self.failure = self.failure or "%s lost (%s)" % (", ".join(self.name_of(n) for n in fresh), why)
 

@@ -173,6 +173,7 @@ class Supervisor:
             self.coordinator.tick(now)
             if self.stopping_since is not None:
                 self.coordinator.stop(self.stop_reason or STOPPED)
+            self._note_lost()
         if self.peer is not None:
             self.peer.tick(now)
             failure = self.first_failure()
@@ -205,15 +206,23 @@ class Supervisor:
 
     def _note_mesh(self, missing, watched, now):
         """Say it once, and again when a controller stops following: supervisor.log and state.json."""
-        if self.mesh_note is not None and self.mesh_note["counted_lost"] == (not watched):
+        if self.mesh_note is not None and self.mesh_note.get("counted_lost") == (not watched):
             return
         what = ("node(s) %s never joined this host's coordinator" % ", ".join(str(n) for n in missing) if missing
                 else "this host never got into rank 0's host's coordinator")
         self.log("mesh: %s within join_timeout; %s" % (what, "a controller follows the run: it keeps its "
                  "guarantees" if watched else "no controller follows the run: counted as a lost host"))
-        self.mesh_note = {"never_joined": missing or [int(self.spec.get("node_rank", 0))],
-                          "at": (self.mesh_note or {}).get("at", now), "counted_lost": not watched}
+        self.mesh_note = dict(self.mesh_note or {}, never_joined=missing or [int(self.spec.get("node_rank", 0))],
+                              at=(self.mesh_note or {}).get("at", now), counted_lost=not watched)
         self.write_state()
+
+    def _note_lost(self):
+        """The hosts the coordinator lost, in state.json's "mesh" (follow's heartbeat carries them: the
+        controller stops waiting for a host whose supervisor is gone as soon as this one knows)."""
+        lost = {str(n): why for n, why in sorted(self.coordinator.lost_why.items())}
+        if lost and lost != (self.mesh_note or {}).get("lost"):
+            self.mesh_note = dict(self.mesh_note or {}, lost=lost)
+            self.write_state()
 
     def write_state(self):
         write_json_atomic(os.path.join(self.run_dir, "state.json"), self.state())
