@@ -33,7 +33,10 @@ def run_both(tmp_path, entry, *, cwd=None):
     out = []
     for argv in ([sys.executable] + entry,
                  [sys.executable, BOOTSTRAP, str(tmp_path / "stacks-file"), "0"] + entry):
-        done = subprocess.run(argv, cwd=cwd or tmp_path, capture_output=True, text=True, timeout=60)
+        # SIGINT as a rank gets it (a test run started in the background of a shell inherits it ignored,
+        # and Python then installs no KeyboardInterrupt handler at all)
+        done = subprocess.run(argv, cwd=cwd or tmp_path, capture_output=True, text=True, timeout=60,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         out.append((done.returncode, ADDRESS.sub("0x?", done.stdout), ADDRESS.sub("0x?", done.stderr)))
     return out
 
