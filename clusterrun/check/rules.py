@@ -294,7 +294,7 @@ def disk_result(disk: Mapping, push_bytes: Optional[int], push_error: str = "") 
     total = int(disk.get("total") or 0)
     if free < push_bytes:
         return CheckResult("disk", FAIL, text, "free space there, or set workdir: to a bigger disk", "full", data)
-    hint = "`clusterrun clean INVENTORY --keep N --cache` removes old runs there (README \"Keeping hosts clean\"), " \
+    hint = "`clusterrun clean INVENTORY --keep N --cache` removes old runs there (docs/operations.md), " \
         "or set workdir: to a bigger disk"
     if free < push_bytes * 2 + DISK_SPARE:
         return CheckResult("disk", WARN, text + ": little room left for logs and checkpoints", hint, size_text(free),

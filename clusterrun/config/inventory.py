@@ -54,7 +54,7 @@ class Timeouts:
 
 @dataclass(frozen=True)
 class Retention:
-    """What each host keeps after a launch (README "Keeping hosts clean"); None: that rule is off."""
+    """What each host keeps after a launch (docs/operations.md); None: that rule is off."""
 
     keep_runs: Optional[int] = 20  # newest finished runs of this registry kept per host
     max_age_s: Optional[float] = 30 * 86400.0  # finished runs older than this go
