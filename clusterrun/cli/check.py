@@ -19,7 +19,9 @@ from .common import load
               help="With --net: MiB each link sends each way (default 32; at most 1 s per link).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="With --net: write a heatmap of the matrix (PNG; needs matplotlib).")
-def check(inventory: str, as_json: bool, net: bool, mb: Optional[float], plot_path: Optional[str]) -> int:
+@click.option("-v", "--verbose", is_flag=True, help="Also say how every host was reached over SSH (each value's origin).")
+def check(inventory: str, as_json: bool, net: bool, mb: Optional[float], plot_path: Optional[str],
+          verbose: bool) -> int:
     """Check every host of INVENTORY before a launch.
 
     Exit 0 when every host passes (warnings allowed), 1 when a check fails, 3 when the only failures are
@@ -38,7 +40,7 @@ def check(inventory: str, as_json: bool, net: bool, mb: Optional[float], plot_pa
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        render_checks(report, console(stderr=False))
+        render_checks(report, console(stderr=False), verbose)
     return report.exit_code
 
 

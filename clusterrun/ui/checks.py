@@ -1,7 +1,10 @@
 """`clusterrun check` on a terminal: one row per host, one column per check, then what to fix.
 
-Cells are short (a status mark and a few words) so the table fits; the full detail and the hint of
-every cell that is not plainly ok follow below it. Host text is never parsed as markup.
+Cells are short (a status mark and a few words) so the table fits; where even that is wider than the
+terminal, a line per host names its checks that are not ok, with the host's name whole. The full detail
+and the hint of every cell that is not plainly ok follow. How each host was reached over SSH (a long
+line per host) is shown for a host whose ssh check did not pass, or for every host with -v. Host text is
+never parsed as markup.
 """
 
 from __future__ import annotations
@@ -22,46 +25,77 @@ MARK = {OK: "✓", WARN: "!", FAIL: "✗", SKIP: "·"}
 STYLE = {OK: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
 
 
-def cell(status: str, short: str, compact: bool = False) -> Text:
-    if status == SKIP or compact:
+def cell(status: str, short: str) -> Text:
+    if status == SKIP:
         return Text(MARK[status], style=STYLE[status])
     return Text(f"{MARK[status]} {short or status}", style=STYLE[status])
 
 
-def table(report: Report, compact: bool = False) -> Table:
-    """Hosts x checks; compact: the status marks only (for narrow terminals; details follow anyway)."""
-    port = report.master_port if report.master_port is not None else "auto"
-    out = Table(title=f"clusterrun check · MASTER_ADDR={report.master_addr} MASTER_PORT={port} · "
-                      f"{len(report.hosts)} hosts in {report.seconds:.1f} s", title_justify="left",
-                **({"box": box.SIMPLE_HEAD, "collapse_padding": True, "pad_edge": False} if compact else {}))
+def table(report: Report) -> Table:
+    """Hosts x checks, a short cell each."""
+    out = Table(title=_title(report), title_justify="left")
     out.add_column("host", no_wrap=True)
     for name in CHECKS:
-        out.add_column(name, no_wrap=True, justify="center" if compact else "left")
+        out.add_column(name, no_wrap=True)
     for h in report.hosts:
         row = [Text(h.host, style="bold" if h.ok else "bold red")]
         for name in CHECKS:
             r = h.get(name)
-            row.append(cell(r.status, r.short, compact) if r else Text(""))
+            row.append(cell(r.status, r.short) if r else Text(""))
         out.add_row(*row)
     return out
 
 
-def render_checks(report: Report, console: Console) -> None:
+def _title(report: Report) -> str:
+    port = report.master_port if report.master_port is not None else "auto"
+    return (f"clusterrun check · MASTER_ADDR={report.master_addr} MASTER_PORT={port} · "
+            f"{len(report.hosts)} hosts in {report.seconds:.1f} s")
+
+
+def by_host(report: Report) -> list:
+    """For a terminal narrower than the table: a line per host, its name whole, the checks that are not ok
+    by name and the tally of the rest."""
+    width = max(len(h.host) for h in report.hosts) if report.hosts else 0
+    lines = []
+    for h in report.hosts:
+        line = Text.assemble((h.host.ljust(width), "bold" if h.ok else "bold red"), "  ")
+        odd = [r for r in h.results if r.status in (WARN, FAIL)]
+        for r in odd:
+            line.append(f"{MARK[r.status]} {r.name} {r.short or r.status}", style=STYLE[r.status])
+            line.append("  ")
+        ok = sum(r.status == OK for r in h.results)
+        skipped = [r.name for r in h.results if r.status == SKIP]
+        tally = f"{MARK[OK]} {ok} ok" + (f", skipped: {' '.join(skipped)}" if skipped else "")
+        line.append(tally, style=STYLE[OK] if not odd else "")
+        lines.append(line)
+    return lines
+
+
+def render_checks(report: Report, console: Console, verbose: bool = False) -> None:
     full = table(report)
     natural = full.__rich_measure__(console, console.options.update_width(1 << 16)).maximum
-    console.print(full if natural <= console.width else table(report, compact=True))
-    _routes(report, console)
+    if natural <= console.width:
+        console.print(full)
+    else:
+        port = report.master_port if report.master_port is not None else "auto"
+        console.print(Text(f"clusterrun check · {len(report.hosts)} hosts in {report.seconds:.1f} s", style="italic"))
+        console.print(Text(f"MASTER_ADDR={report.master_addr} MASTER_PORT={port}", style="italic"))
+        for line in by_host(report):
+            console.print(line)
+    _routes(report, console, verbose)
     _findings(report, console)
     for note in report.notes:
         console.print(Text(f"note: {note}", style="yellow"))
     _verdict(report, console)
 
 
-def _routes(report: Report, console: Console) -> None:
-    """How each host was reached over SSH, where that is more than a direct connection."""
+def _routes(report: Report, console: Console, verbose: bool) -> None:
+    """How each host was reached over SSH (where each value came from): for a host whose ssh check did not
+    pass, or for every host with -v."""
     for h in report.hosts:
-        route = (h.get("ssh").data or {}).get("route") if h.get("ssh") else ""
-        if route:
+        ssh = h.get("ssh")
+        route = (ssh.data or {}).get("route") if ssh else ""
+        if route and (verbose or ssh.status != OK):
             console.print(Text.assemble((h.host, "bold"), " ssh ", (route, "dim")))
 
 

@@ -334,12 +334,39 @@ def test_the_table_has_a_row_per_host_and_the_details_of_what_failed():
     assert "1 of 2 hosts failed: node2" in text
 
 
-def test_a_narrow_terminal_gets_marks_only():
+def test_a_narrow_terminal_gets_a_line_per_host_with_its_name_whole():
+    long_name = HostReport("gpu-box-rack3-node17", 1, _report().hosts[0].results)
+    report = Report((_report().hosts[0], long_name, _report().hosts[1]), "10.0.0.10", 29500, 2.5)
     console = Console(record=True, width=70, color_system=None)
-    render_checks(_report(), console)
+    render_checks(report, console)
     text = console.export_text()
-    assert "connect" in text and "timeout" not in text.split("node2 connect FAIL")[0]
-    assert max(len(line) for line in text.splitlines()) <= 70
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 70
+    assert any(line.startswith("gpu-box-rack3-node17  ✓ 14 ok") for line in lines)  # never "gpu-b…"
+    assert any(line.startswith("node2") and "✗ connect timeout" in line and "12 ok, skipped: shared" in line
+               for line in lines)
+    assert "node2 connect FAIL: no answer from 10.0.0.10:29500 within 3 s" in text
+
+
+def _routed(ssh_status):
+    route = "hostname 10.0.0.11 (ssh config ~/.ssh/config:5) user cr (inventory)"
+    good = HostReport("node0", 0, tuple(CheckResult(c, "ok", "fine", "", c, {"route": route} if c == "ssh" else {})
+                                        for c in CHECKS))
+    other = HostReport("node1", 1, tuple(
+        CheckResult(c, ssh_status if c == "ssh" else "ok", "fine", "", c, {"route": route} if c == "ssh" else {})
+        for c in CHECKS))
+    return Report((good, other), "10.0.0.10", 29500, 1.0)
+
+
+def test_how_hosts_were_reached_is_shown_for_a_failing_host_or_with_verbose():
+    def shown(report, verbose):
+        console = Console(record=True, width=200, color_system=None)
+        render_checks(report, console, verbose)
+        return [line.split()[0] for line in console.export_text().splitlines() if " ssh hostname " in line]
+
+    assert shown(_routed("ok"), False) == []  # every host passed: no route lines
+    assert shown(_routed("ok"), True) == ["node0", "node1"]
+    assert shown(_routed("fail"), False) == ["node1"]
 
 
 def test_check_exits_3_only_when_every_failure_is_a_host_that_could_not_be_reached():
