@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
