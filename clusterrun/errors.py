@@ -90,6 +90,24 @@ class Dropped(ConnectError):
     host's error."""
 
 
+class NothingListens(ConnectError):
+    """A tunnel to localhost:PORT on a host that answers, where nothing listens on that port (yet): the
+    host is reachable, the program that will serve the port (TensorBoard, a notebook) has not opened it."""
+
+    reason = "nothing listens"
+
+    def __init__(self, host: str, port: int, why: str = ""):
+        self.port = port
+        self.why = why
+        super().__init__(host, f"localhost:{port}",
+                         hint="the forward stays open: the next connection gets through once something "
+                              "listens there")
+
+    def __str__(self) -> str:
+        text = f"nothing listens on localhost:{self.port} on {self.host} yet" + (f" ({self.why})" if self.why else "")
+        return f"{text}\n    hint: {self.hint}"
+
+
 class AuthError(ConnectError):
     reason = "authentication failed"
 

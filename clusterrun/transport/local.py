@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from typing import Optional, Sequence
 
-from ..errors import ConnectError, RemoteCommandError
+from ..errors import NothingListens, RemoteCommandError
 from . import Completed, StreamClosed, run_on
 
 
@@ -121,8 +121,7 @@ class LocalTransport:
         try:
             return LocalTunnel(socket.create_connection(("localhost", port), timeout=5.0))
         except OSError as exc:
-            raise ConnectError(self.label, f"nothing answers on localhost:{port} there "
-                                           f"({exc.strerror or exc})") from None
+            raise NothingListens(self.label, port, exc.strerror or str(exc)) from None
 
     def open(self, argv: Sequence[str]) -> LocalStream:
         try:

@@ -24,7 +24,7 @@ from paramiko.message import Message
 
 from ..config.inventory import Timeouts
 from ..config.ssh_config import SshTarget
-from ..errors import AuthError, ConnectError, Dropped, HostKeyChanged
+from ..errors import AuthError, ConnectError, Dropped, HostKeyChanged, NothingListens
 from . import Completed, StreamClosed, run_on
 from .proxy import ShellProxyCommand
 from .hostkeys import KnownHosts
@@ -200,7 +200,7 @@ class SshTransport:
             channel = self._t.open_channel("direct-tcpip", ("localhost", port), ("127.0.0.1", 0),
                                            window_size=WINDOW, timeout=self._timeouts.connect)
         except paramiko.ChannelException as exc:  # sshd could not connect: nothing listens there
-            raise ConnectError(self.label, f"nothing answers on localhost:{port} there ({exc.text})") from None
+            raise NothingListens(self.label, port, exc.text) from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectError(self.label, f"cannot open a tunnel to localhost:{port}: "
                                            f"{exc or type(exc).__name__}") from None

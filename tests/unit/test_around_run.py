@@ -216,6 +216,16 @@ def test_forward_serves_several_connections_and_ends_on_ctrl_c_or_the_runs_end(p
         fwd.send_signal(signal.SIGINT)
         assert fwd.wait(10) == 130
         assert not listening(local)
+        dead = free_port()  # nothing listens there (yet): said so, not "unreachable" (issue 36, item 18)
+        idle = subprocess.Popen(CLI + ["forward", run_id, f"{dead}:0"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        idle_url = idle.stdout.readline().strip()
+        with pytest.raises(OSError):
+            urllib.request.urlopen(idle_url, timeout=10).read()
+        idle.send_signal(signal.SIGINT)
+        assert idle.wait(10) == 130
+        said = idle.stderr.read()
+        assert f"nothing listens on localhost:{dead} on here0 yet" in said and "unreachable" not in said, said
         again = subprocess.Popen(CLI + ["forward", run_id, f"{port}:0"], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
         url = again.stdout.readline().strip()
@@ -223,7 +233,7 @@ def test_forward_serves_several_connections_and_ends_on_ctrl_c_or_the_runs_end(p
         assert again.wait(15) == 0 and "closed: the run ended" in again.stderr.read()
         assert not listening(int(url.rsplit(":", 1)[1]))
     finally:
-        for p in (fwd, locals().get("again")):
+        for p in (fwd, locals().get("idle"), locals().get("again")):
             if p is not None and p.poll() is None:
                 p.kill()
     ended = cli("forward", run_id, str(port))
