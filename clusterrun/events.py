@@ -17,6 +17,21 @@ class Phase:
 
 
 @dataclass(frozen=True)
+class Starting:
+    """job.start order rank: this host starts now (step of steps), `after_s` after the one before started."""
+
+    host: str
+    ranks: str  # `r2-r3`
+    step: int
+    steps: int
+    after_s: float = 0.0
+
+    def describe(self) -> str:
+        when = f", {self.after_s:g} s after the host before it started its ranks" if self.step > 1 else ""
+        return f"start: {self.host} ({self.ranks}), host {self.step} of {self.steps} in rank order{when}"
+
+
+@dataclass(frozen=True)
 class HostProgress:
     phase: str
     host: str

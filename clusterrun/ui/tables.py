@@ -43,6 +43,10 @@ def show_plan(plan: "LaunchPlan", out: Console, routes: Optional[Dict[str, str]]
         out.print(Text(f"# {name}: ", style="bold") + Text(route))
     _interfaces(plan, out)
     _show_gpus(plan, out)
+    from ..launch.start import order_lines
+
+    for line in order_lines(plan):
+        out.print(Text(line, style="bold" if line.startswith("# start") else ""))
     for node in plan.nodes:
         if node.torchrun:
             ranks = ", ".join(str(r.rank) for r in node.ranks)
