@@ -144,11 +144,13 @@ class Rendezvous:
     kind: str
     rank: object  # int, or None (rank 0's host: nothing listens)
     text: str
-    seconds: float
+    seconds: float  # since the rank started
+    held: float = 0.0  # since what it names began (the listener opened, the tries began)
 
     @property
     def key(self) -> tuple:
         return (self.node_rank, self.kind, self.rank)
 
     def describe(self, inventory: str) -> str:
-        return f"rendezvous: {self.text} (seen {self.seconds:.0f} s after the rank started; the run goes on)"
+        when = f"named {self.held:.0f} s after it began, " if self.kind in ("elsewhere", "localhost") else ""
+        return f"rendezvous: {self.text} ({when}{self.seconds:.0f} s after the rank started; the run goes on)"

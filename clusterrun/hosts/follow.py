@@ -243,9 +243,9 @@ class Follower(threading.Thread):
         for f in findings if isinstance(findings, list) else ():
             if isinstance(f, dict) and isinstance(f.get("text"), str) and isinstance(f.get("kind"), str):
                 rank = f.get("rank") if isinstance(f.get("rank"), int) else None
-                seconds = f.get("seconds") if isinstance(f.get("seconds"), (int, float)) else 0.0
-                self._out.put(Rendezvous(self.node_rank, self.host, f["kind"][:40], rank, f["text"][:1000],
-                                         float(seconds)))
+                seconds, held = (float(f[k]) if isinstance(f.get(k), (int, float)) else 0.0 for k in ("seconds", "held"))
+                self._out.put(Rendezvous(self.node_rank, self.host, f["kind"][:40], rank, f["text"][:1000], seconds,
+                                         held))
 
     def _seen(self, rank: int) -> None:
         if rank not in self._copies:  # torchrun's rendezvous put this rank here

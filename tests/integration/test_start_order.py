@@ -14,8 +14,9 @@ from faultkit import FAST
 
 pytestmark = pytest.mark.integration
 
-ELSEWHERE_S = 10  # the documented times (docs/scripts.md): a listener on the wrong host, localhost
-NOTHING_S = 20  # nothing listens on rank 0's host
+ELSEWHERE_S = 4  # the documented times (docs/scripts.md): a listener on the wrong host, localhost (after it
+# began, and a look a second)
+NOTHING_S = 20  # nothing listens on rank 0's host (after the ranks started)
 LAB = "/shared/lab"
 
 
@@ -42,9 +43,9 @@ def counter_inventory(cr, name, start=None, slow_first=False):
     return cr.inventory(name, hosts=3, job=job, defaults={"slots": 1}, top={"timeouts": FAST}, edit_hosts=edit)
 
 
-def seen(text, words):
-    """The seconds a watchdog warning with these words says it came after (`seen N s after`)."""
-    m = re.search(re.escape(words) + r".*?seen (\d+) s after", text)
+def named_after(text, words):
+    """The seconds a watchdog warning with these words says it came after what it names began."""
+    m = re.search(re.escape(words) + r".*?\(named (\d+) s after it began", text)
     assert m, f"no warning with {words!r} in:\n{text}"
     return int(m.group(1))
 
@@ -63,10 +64,11 @@ def test_counter_ranks_all_at_once_fail_and_the_watchdog_names_why(cr, cluster):
     assert listener, done.stderr
     assert "the script chose its own rank or address" in done.stderr
     assert "clusterrun gave rank 0 to node0 (set `job.start: {order: rank}`" in done.stderr
-    assert seen(done.stderr, "listens on :%s" % port) <= ELSEWHERE_S
-    assert f"rendezvous: nothing listens on node0:{port} (MASTER_ADDR:MASTER_PORT) after 20 s while node0 r0" \
-        in done.stderr
-    assert seen(done.stderr, "nothing listens on node0") <= NOTHING_S + 2
+    assert named_after(done.stderr, "listens on :%s" % port) <= ELSEWHERE_S
+    assert f"rendezvous: nothing listens on node0:{port} (MASTER_ADDR:MASTER_PORT) after " in done.stderr
+    # 20 s after the ranks started, once node0's rank is trying (it came 4 s late, then imports torch)
+    after = int(re.search(r"nothing listens on node0:\d+ \S+ after (\d+) s while node0 r0 keeps trying", done.stderr)[1])
+    assert NOTHING_S <= after <= NOTHING_S + 15
     assert time.monotonic() - t < 120
 
 
@@ -119,7 +121,7 @@ def test_the_tutorials_localhost_on_another_host_is_named(cr, cluster):
     assert (f"rendezvous: node1 r1 connects to localhost:{port}, its own host, where nothing listens: the script "
             "sets MASTER_ADDR=localhost itself") in done.stderr
     assert "remove that line: clusterrun sets MASTER_ADDR and MASTER_PORT for every rank" in done.stderr
-    assert seen(done.stderr, "connects to localhost") <= ELSEWHERE_S
+    assert named_after(done.stderr, "connects to localhost") <= ELSEWHERE_S + 1
 
 
 def _logs_until(cr, words, seconds):

@@ -5,15 +5,18 @@ script setting them: bootstrap.py). Every rank of a multi-host run gets MASTER_A
 host; torch's rank 0 listens there and the others connect. What goes wrong, each said once:
 
   elsewhere    a rank on a host other than rank 0's listens on MASTER_PORT itself: its script took rank 0
-               (a rank counter on a shared folder, its own address)          named LISTEN_AFTER s after
+               (a rank counter on a shared folder, its own address): named LISTEN_AFTER s after it listens
   nothing      on rank 0's host, nothing listens on MASTER_PORT NOTHING_AFTER s after the ranks started,
-               while a rank here keeps retrying a refused connection         (the rank 0 is elsewhere)
+               while a rank here keeps retrying a refused connection (the rank 0 is elsewhere)
   localhost    a rank on another host sets MASTER_ADDR to localhost itself (the DDP tutorial's line), or
-               its arguments say tcp://localhost:..., nothing listens there, and it keeps retrying
-                                                                              LOCALHOST_AFTER s
-  init_method  a rank's own arguments say tcp://HOST:PORT for a HOST that is not rank 0's  at the first look
+               its arguments say tcp://localhost:..., nothing listens there, and it has kept retrying a
+               refused connection for LOCALHOST_AFTER s
+  init_method  a rank's own arguments say tcp://HOST:PORT for a HOST that is not rank 0's: at the first look
+               (FIRST_LOOK s after the rank started)
+Each look is LOOK_EVERY s apart, so each is named up to a second after those times.
 
-A finding is a record {"kind", "rank", "seconds", "text"} in state.json's "rendezvous" list (follow's
+A finding is a record {"kind", "rank", "seconds" (since the rank started), "held" (since what it names
+began), "text"} in state.json's "rendezvous" list (follow's
 heartbeat carries it: a controller attached, or `clusterrun logs` later, prints the text) and a line in
 supervisor.log. The run goes on: a slow rank 0 may still come. The launcher torchrun has its own
 rendezvous (its agent's): not watched here.
@@ -82,6 +85,7 @@ class RendezvousWatch:
         self.findings = []
         self.last = 0.0
         self.retry_seen = {}  # rank -> when it last held a refused socket
+        self.retry_since = {}  # rank -> since when it has kept doing so
         self.listen_since = {}  # rank -> since when it listens on MASTER_PORT (not on rank 0's host)
         self.same_host = {}  # a host named in an argument -> whether it is rank 0's
 
@@ -114,6 +118,8 @@ class RendezvousWatch:
                 rows = table()
                 listening = listeners(self.port, rows)
             if retrying(pids, rows):
+                if now - self.retry_seen.get(rank, -1e9) > RETRY_SEEN:
+                    self.retry_since[rank] = now  # a new streak of tries
                 self.retry_seen[rank] = now
             fresh += self._look(rank, pids, age, now, listening)
         if self.first and listening is not None:
@@ -133,7 +139,7 @@ class RendezvousWatch:
         argv = next((r.get("argv") or [] for r in self.sup.spec["ranks"] if r["rank"] == rank), [])
         target = tcp_target(argv[1:])
         if target is not None and not is_loopback(target[0]) and not self._rank0_host(target[0]):
-            found.append(self._say("init_method", rank, age,
+            found.append(self._say("init_method", rank, age, 0.0,
                                    "%s r%d's own arguments say %s: %s is not rank 0's host %s (%s:%d); the ranks "
                                    "wait where rank 0 is not: %s" % (self.host, rank, target[2], target[0], self.rank0,
                                                                      self.addr, self.port, INIT_FIX)))
@@ -149,7 +155,7 @@ class RendezvousWatch:
         since = self.listen_since.setdefault(rank, now)
         if now - since < LISTEN_AFTER - LOOK_EVERY / 2:
             return []
-        return [self._say("elsewhere", rank, age,
+        return [self._say("elsewhere", rank, age, now - since,
                           "%s r%d listens on :%d on its own host, not on %s (MASTER_ADDR=%s): the script chose its "
                           "own rank or address, and its rank 0 is here; clusterrun gave rank 0 to %s (%s)"
                           % (self.host, rank, self.port, self.rank0, self.addr, self.rank0, FIX))]
@@ -167,9 +173,10 @@ class RendezvousWatch:
             port, how, fix, where = target[1], "its own arguments say %s" % target[2], INIT_FIX, target[0]
         else:
             return []
-        if age < LOCALHOST_AFTER - LOOK_EVERY / 2 or now - self.retry_seen.get(rank, -1e9) > RETRY_SEEN or self._listens_here(port):
+        if now - self.retry_seen.get(rank, -1e9) > RETRY_SEEN or self._listens_here(port) or \
+                now - self.retry_since.get(rank, now) < LOCALHOST_AFTER - LOOK_EVERY / 2:
             return []
-        return [self._say("localhost", rank, age,
+        return [self._say("localhost", rank, age, now - self.retry_since.get(rank, now),
                           "%s r%d connects to %s:%s, its own host, where nothing listens: %s; clusterrun gave rank 0 "
                           "to %s (%s:%d): %s" % (self.host, rank, where, port, how, self.rank0, self.addr, self.port,
                                                  fix))]
@@ -182,7 +189,7 @@ class RendezvousWatch:
         if not waiting:
             return []
         who = ", ".join("r%d" % r for r in waiting)
-        return [self._say("nothing", None, now - min(started),
+        return [self._say("nothing", None, now - min(started), now - min(started),
                                       "nothing listens on %s:%d (MASTER_ADDR:MASTER_PORT) after %.0f s while %s %s "
                                       "keeps trying to connect: the process that took rank 0 is on another host, or "
                                       "its script listens on another address or port; clusterrun gave rank 0 to %s "
@@ -203,11 +210,13 @@ class RendezvousWatch:
             self.same_host[host] = bool(_addresses(host) & _addresses(self.addr))
         return self.same_host[host]
 
-    def _say(self, kind, rank, age, text):
+    def _say(self, kind, rank, age, held, text):
+        """A finding, once: age, seconds since the rank started; held, since what it names began."""
         if (kind, rank) in self.said:
             return None
         self.said.add((kind, rank))
-        finding = {"kind": kind, "rank": rank, "seconds": round(age, 1), "at": time.time(), "text": text}
+        finding = {"kind": kind, "rank": rank, "seconds": round(age, 1), "held": round(held, 1), "at": time.time(),
+                   "text": text}
         self.findings.append(finding)
         return finding
 
