@@ -442,8 +442,10 @@ class Runner:
 
     def _start_all(self, plan: LaunchPlan) -> None:
         """In job.start's order (launch/start.py): every host at once, or host after host in rank order."""
-        steps = start_steps(plan, coordinator_ready=plan.attempt == 0 and bool(self._coordinator_port))
-        done = start_all(plan, steps, lambda nodes: self._fan_out("start", nodes, lambda n: self._start_node(plan, n),
+        # --detach --wait with a host busy: each host's waiter starts it in its turn, so no order to keep
+        ordered = plan if not (plan.attempt == 0 and self._handoff) else replace(plan, start_order="all")
+        steps = start_steps(ordered, coordinator_ready=plan.attempt == 0 and bool(self._coordinator_port))
+        done = start_all(ordered, steps, lambda nodes: self._fan_out("start", nodes, lambda n: self._start_node(plan, n),
                                                                    interruptible=False),
                          stopped=lambda: bool(self._interrupts), emit=self._emit)
         if not done or (self._interrupts and not self._detach):

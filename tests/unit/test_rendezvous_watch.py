@@ -201,3 +201,37 @@ def test_the_controller_says_it_once_with_the_times():
     assert ev.key == (1, "elsewhere", 2)
     nothing = Rendezvous(0, "node0", "nothing", None, "nothing listens", 20.0)
     assert nothing.describe("inv.yaml") == "rendezvous: nothing listens (20 s after the rank started; the run goes on)"
+
+
+def test_the_host_program_names_it_and_a_follow_carries_it_to_the_controller(host_client, tmp_path):
+    """End to end on this machine: a supervisor of node 1 whose rank listens on MASTER_PORT records the
+    finding (state.json, supervisor.log) with no controller; a later follow turns it into the event."""
+    import queue
+
+    from clusterrun.hosts.follow import Follower, LogFiles
+    from hostkit import project, spec
+
+    run_id, port = "20261202-000000-0350", free_port()
+    host_client.push(run_id, project(tmp_path, {"job.py": b"x"}), hold=False)
+    start = spec(run_id, [(1, [sys.executable, "-c", LISTEN, str(port)])], node_rank=1, node="node1",
+                 peers={"names": {"0": "node0", "1": "node1"}})
+    start["ranks"][0]["env"].update(MASTER_ADDR="198.18.0.1", MASTER_PORT=str(port))
+    host_client.start(run_id, start)
+    run_dir = tmp_path / "work" / "runs" / run_id
+    deadline = time.monotonic() + 20
+    while "rendezvous:" not in (run_dir / "supervisor.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert f"rendezvous: node1 r1 listens on :{port} on its own host" in (run_dir / "supervisor.log").read_text()
+    out: queue.Queue = queue.Queue()
+    follower = Follower(node_rank=1, host="node1", ranks=[1], files=LogFiles(rank=lambda r: str(tmp_path / "r.log")),
+                        world_size=2, attempt_key=run_id, client=lambda reconnect: host_client, out=out,
+                        host_lost_s=30, once=True)
+    follower.start()
+    follower.join(timeout=20)
+    events = []
+    while not out.empty():
+        events.append(out.get())
+    found = [e for e in events if isinstance(e, Rendezvous)]
+    assert len(found) == 1 and found[0].kind == "elsewhere" and found[0].rank == 1 and found[0].held >= 2.5
+    assert found[0].describe("inv.yaml").startswith(f"rendezvous: node1 r1 listens on :{port} on its own host")
+    host_client.stop(run_id, 1.0)

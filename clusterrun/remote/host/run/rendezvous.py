@@ -33,7 +33,11 @@ LOOK_EVERY = 1.0
 LISTEN_AFTER = 3.0
 LOCALHOST_AFTER = 5.0
 NOTHING_AFTER = 20.0
-WATCH_FOR = 600.0  # seconds after this host's start: a rendezvous comes early in a run (then looks cost)
+# Reading /proc/net/tcp is most of a look's cost (15 ms for 550 sockets on a busy host): a look a second
+# while a rendezvous is most likely (the first minute), then one each LATER_EVERY, none after WATCH_FOR
+BUSY_FOR = 60.0
+LATER_EVERY = 10.0
+WATCH_FOR = 600.0
 RETRY_SEEN = 5.0  # a rank counts as retrying when it was seen holding a refused socket this recently
 LOOPBACK = ("localhost", "127.0.0.1", "::1", "ip6-localhost", "0.0.0.0")
 FIX = ("set `job.start: {order: rank}` if the script takes its rank from a counter, or let it use RANK / "
@@ -106,7 +110,8 @@ class RendezvousWatch:
         return cls(sup, env["MASTER_ADDR"], port, names.get("0") or "rank 0's host", spec.get("node") or "this host")
 
     def tick(self, now):
-        if now - self.last < LOOK_EVERY or now - self.sup.started > WATCH_FOR:
+        age = now - self.sup.started
+        if now - self.last < (LOOK_EVERY if age < BUSY_FOR else LATER_EVERY) or age > WATCH_FOR:
             return []
         self.last = now
         fresh = []
