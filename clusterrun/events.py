@@ -17,6 +17,21 @@ class Phase:
 
 
 @dataclass(frozen=True)
+class Starting:
+    """job.start order rank: this host starts now (step of steps), `after_s` after the one before started."""
+
+    host: str
+    ranks: str  # `r2-r3`
+    step: int
+    steps: int
+    after_s: float = 0.0
+
+    def describe(self) -> str:
+        when = f", {self.after_s:g} s after the host before it started its ranks" if self.step > 1 else ""
+        return f"start: {self.host} ({self.ranks}), host {self.step} of {self.steps} in rank order{when}"
+
+
+@dataclass(frozen=True)
 class HostProgress:
     phase: str
     host: str
@@ -105,6 +120,11 @@ class Stuck:
     remote: str
     seconds: float
 
+    @property
+    def key(self) -> tuple:
+        """What makes the warning the same one: said once per launch (or `logs`)."""
+        return (self.node_rank, self.rank, self.remote)
+
     def describe(self, inventory: str) -> str:
         """The rendezvous watchdog's warning: who cannot reach what, and what to run (the run goes on)."""
         who = f"{self.host} r{self.rank}" if self.rank is not None else f"{self.host} torchrun"
@@ -112,3 +132,25 @@ class Stuck:
         return (f"{who}: connecting to {self.remote} for {self.seconds:.0f} s without an answer (a firewall "
                 f"dropping packets between {self.host} and {address}?); `clusterrun check {inventory}` tests "
                 "that path. The run goes on: the network may heal")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """A host's rendezvous watchdog named a rendezvous nobody can join (remote/host/run/rendezvous.py: its
+    kinds `elsewhere`, `nothing`, `localhost`, `init_method`); text: the host's own words, with the fix."""
+
+    node_rank: int
+    host: str
+    kind: str
+    rank: object  # int, or None (rank 0's host: nothing listens)
+    text: str
+    seconds: float  # since the rank started
+    held: float = 0.0  # since what it names began (the listener opened, the tries began)
+
+    @property
+    def key(self) -> tuple:
+        return (self.node_rank, self.kind, self.rank)
+
+    def describe(self, inventory: str) -> str:
+        when = f"named {self.held:.0f} s after it began, " if self.kind in ("elsewhere", "localhost") else ""
+        return f"rendezvous: {self.text} ({when}{self.seconds:.0f} s after the rank started; the run goes on)"

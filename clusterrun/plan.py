@@ -111,6 +111,8 @@ class LaunchPlan:
     secret_names: Tuple[str, ...]
     launcher: str = "python"
     attempt: int = 0  # job.restarts: the attempt this plan is for (0-based)
+    start_order: str = "all"  # job.start.order: all (every host at once) | rank (launch/start.py)
+    start_gap_s: float = 0.0
 
     @property
     def ranks(self) -> Tuple[RankSpec, ...]:
@@ -245,7 +247,8 @@ def build_plan(inv: Inventory, run_id: str, *, master_port: Optional[int] = None
     return LaunchPlan(run_id=run_id, world_size=world, master_addr=master_addr, master_port=port,
                       init_url=url, backend=inv.job.backend, timeout_s=inv.job.timeout_s,
                       time_limit_s=inv.job.time_limit_s, nodes=tuple(nodes), secret_names=inv.secrets,
-                      launcher=inv.job.launcher, attempt=attempt)
+                      launcher=inv.job.launcher, attempt=attempt, start_order=inv.job.start_order,
+                      start_gap_s=inv.job.start_gap_s)
 
 
 def _contract_env(inv: Inventory, host: Host, values: Mapping[str, object], port_text: str) -> Dict[str, str]:
@@ -367,6 +370,7 @@ def plan_to_dict(plan: LaunchPlan) -> dict:
         "master_port": plan.master_port, "init_url": plan.init_url, "backend": plan.backend,
         "timeout_s": plan.timeout_s, "time_limit_s": plan.time_limit_s, "secret_names": list(plan.secret_names),
         "launcher": plan.launcher, "attempt": plan.attempt + 1,
+        "start": {"order": plan.start_order, "gap_s": plan.start_gap_s},
         "nodes": [{"node_rank": n.node_rank, "index": n.index, "name": n.host.name, "host": n.host.host,
                    "connection": n.host.connection, "run_dir": n.run_dir,
                    "gpus": list(n.gpus) if isinstance(n.gpus, tuple) else n.gpus,

@@ -16,7 +16,10 @@ from .yaml_nodes import NodeReader, describe
 
 JOB_KEYS = ("root", "script", "module", "args", "rank_flags", "launcher", "setup", "restarts", "min_nodes",
             "restart_delay", "checkpoint_dir", "sync", "exclude", "init_method", "backend", "timeout", "time_limit",
-            "hang_timeout", "shared_dir", "outputs", "ports")
+            "hang_timeout", "shared_dir", "outputs", "ports", "start")
+START_KEYS = ("order", "gap")
+START_ORDERS = ("all", "rank")
+DEFAULT_GAP_S = 1.0  # order: rank without a gap: long enough for a script to take its rank from a counter
 LAUNCHERS = ("python", "torchrun")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".mypy_cache/", ".pytest_cache/")
@@ -48,6 +51,8 @@ class Job:
     outputs: Tuple[str, ...] = ()  # what `pull` brings back (paths or globs in the job folder, or checkpoints/...)
     ports: Tuple[int, ...] = ()  # ports on rank 0's host forwarded to this machine while an attached run lives
     hang_timeout_s: Optional[float] = None  # no rank wrote a line for this long: the run is hung (off: None)
+    start_order: str = "all"  # all: every host at once | rank: host after host, rank after rank (launch/start.py)
+    start_gap_s: float = 0.0  # order rank: the pause after each host's (and each rank's) start
 
     @property
     def entry(self) -> Optional[Tuple[str, ...]]:
@@ -72,6 +77,7 @@ class _Entries:
     """The job: mapping's entries by key, each read only where the inventory gives it."""
 
     by_name: Dict[str, Tuple[yaml.Node, yaml.Node]]
+    prefix: str = "job"
 
     def node(self, name: str) -> Optional[yaml.Node]:
         return self.by_name[name][1] if name in self.by_name else None
@@ -79,7 +85,7 @@ class _Entries:
     def read(self, name: str, read: Callable[..., Any], default: Any, **kwargs: Any) -> Any:
         """read(value node, "job.NAME", **kwargs) where the key is given; the default where it is not."""
         node = self.node(name)
-        return default if node is None else read(node, f"job.{name}", **kwargs)
+        return default if node is None else read(node, f"{self.prefix}.{name}", **kwargs)
 
 
 def default_job(root: str) -> Job:
@@ -115,6 +121,7 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
     exclude = tuple(job.read("exclude", r.string_list, ()))
     outputs = _read_outputs(r, job.node("outputs"))
     ports = _read_ports(r, job.node("ports"))
+    order, gap = _read_start(r, job.node("start"))
     # A value that failed to read is None (its problem is recorded); the defaults keep the Job well-formed.
     return Job(root=root, script=script, args=args, sync=tuple(_read_sync(r, job.node("sync"), root)),
                exclude=_D.exclude + exclude, init_method=init_method or _D.init_method,
@@ -124,7 +131,24 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
                rank_flags_from="default" if rank_flags is None and launcher == "python" else "inventory",
                setup=setup, restarts=restarts or 0, min_nodes=min_nodes,
                restart_delay_s=_D.restart_delay_s if delay is None else delay, checkpoint_dir=checkpoint_dir,
-               outputs=outputs, ports=ports, hang_timeout_s=hang_timeout)
+               outputs=outputs, ports=ports, hang_timeout_s=hang_timeout,
+               start_order=order, start_gap_s=gap)
+
+
+def _read_start(r: NodeReader, node: Optional[yaml.Node]) -> Tuple[str, float]:
+    """job.start: {order: rank, gap: 2s} (order all: every host at once, the default; a gap only with rank)."""
+    if node is None:
+        return _D.start_order, _D.start_gap_s
+    start = _Entries(r.mapping(node, "job.start", START_KEYS), "job.start")
+    order = start.read("order", r.choice, None, choices=START_ORDERS) or _D.start_order
+    gap = start.read("gap", r.duration, None, zero=True)
+    if gap is not None and order != "rank":
+        r.error(start.node("gap"), "job.start.gap", "applies to order: rank only (order all starts every host "
+                                                    "at once); add `order: rank`")
+        return order, _D.start_gap_s
+    if order != "rank":
+        return order, _D.start_gap_s
+    return order, DEFAULT_GAP_S if gap is None else gap
 
 
 def _read_root(r: NodeReader, job: _Entries, base_dir: str) -> str:

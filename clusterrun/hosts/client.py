@@ -189,8 +189,10 @@ class HostClient:
 
     def start(self, attempt_key: str, spec: dict) -> dict:
         """Hand the spec (env and secrets included) to the host on stdin; it lands in a 0600 file there."""
+        gaps = float(spec.get("start_gap") or 0) * max(0, len(spec.get("ranks") or []) - 1)  # launch/start.py
         try:
-            return self.call("start", attempt_key, stdin=json.dumps(spec).encode())
+            return self.call("start", attempt_key, stdin=json.dumps(spec).encode(),
+                             timeout=self.timeouts.command + gaps if gaps else None)
         except RemoteCommandError as exc:
             raise StartError(self.label, str(exc.message), hint=exc.hint) from None
 

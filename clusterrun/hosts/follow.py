@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Hashable, Iterable, Optional, Sequence
 
 from ..errors import HostError
-from ..events import HostRestarts, LogLines, RankSeen, Stuck
+from ..events import HostRestarts, LogLines, RankSeen, Rendezvous, Stuck
 from ..transport import StreamClosed
 from .client import HostClient
 from .logs import LineSplitter, LogCopy
@@ -236,6 +236,16 @@ class Follower(threading.Thread):
             if isinstance(c, dict) and isinstance(c.get("remote"), str):
                 self._out.put(Stuck(self.node_rank, self.host, c.get("rank"), c["remote"],
                                     float(c.get("seconds") or 0)))
+        self._rendezvous(beat.get("rendezvous"))
+
+    def _rendezvous(self, findings: object) -> None:
+        """The host's rendezvous watchdog's findings (every beat carries them all: the key says each once)."""
+        for f in findings if isinstance(findings, list) else ():
+            if isinstance(f, dict) and isinstance(f.get("text"), str) and isinstance(f.get("kind"), str):
+                rank = f.get("rank") if isinstance(f.get("rank"), int) else None
+                seconds, held = (float(f[k]) if isinstance(f.get(k), (int, float)) else 0.0 for k in ("seconds", "held"))
+                self._out.put(Rendezvous(self.node_rank, self.host, f["kind"][:40], rank, f["text"][:1000], seconds,
+                                         held))
 
     def _seen(self, rank: int) -> None:
         if rank not in self._copies:  # torchrun's rendezvous put this rank here

@@ -178,7 +178,9 @@ class HeldPush:
 
     def _start(self, spec: dict, follow: bool) -> Tuple[dict, Optional[FollowStream]]:
         stream, self._stream = self._stream, None
-        label, timeout = self.label, self.timeouts.command
+        # ranks started one after another (job.start order rank) answer after their gaps
+        gaps = float(spec.get("start_gap") or 0) * max(0, len(spec.get("ranks") or []) - 1)
+        label, timeout = self.label, self.timeouts.command + gaps
         keep = False
         try:
             with exchange(label, silent=f"start: no answer within {timeout:g} s",

@@ -6,11 +6,11 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, Optional, Set
+from typing import Callable, Dict, Optional, Set, Union
 
 from ..config.inventory import Timeouts
 from ..errors import HostError
-from ..events import HostRestarts, Notice, Phase, RankEnded, RankSeen, Stuck, counted
+from ..events import HostRestarts, Notice, Phase, RankEnded, RankSeen, Rendezvous, Stuck, counted
 from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, PeerLost, RankExit, RunGone
 from ..hosts.group import fan_out_background
@@ -136,7 +136,7 @@ class Monitor:
                 return
 
     def _handle(self, ev: object) -> None:
-        handler = {RankSeen: self._on_seen, Stuck: self._on_stuck, HostRestarts: self._on_restarts,
+        handler = {RankSeen: self._on_seen, Stuck: self._on_stuck, Rendezvous: self._on_stuck, HostRestarts: self._on_restarts,
                    RankExit: self._on_exit, HostLost: self._on_lost, RunGone: self._on_lost, FollowDone: self._on_done,
                    PeerLost: self._on_peer_lost,
                    _StopDone: self._on_stop_done}.get(type(ev))
@@ -152,9 +152,10 @@ class Monitor:
             self.store.update_rank(self.plan.run_id, ev.rank, node_rank=ev.node_rank,
                                    host=self.plan.nodes[ev.node_rank].host.name)
 
-    def _on_stuck(self, ev: Stuck) -> None:
-        if (ev.node_rank, ev.rank, ev.remote) not in self._warned:
-            self._warned.add((ev.node_rank, ev.rank, ev.remote))
+    def _on_stuck(self, ev: Union[Stuck, Rendezvous]) -> None:
+        """The rendezvous watchdogs' warnings, each once."""
+        if ev.key not in self._warned:
+            self._warned.add(ev.key)
             self._emit(Notice(ev.describe(self._inventory), "warning"))
 
     def _on_restarts(self, ev: HostRestarts) -> None:

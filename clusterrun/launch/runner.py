@@ -32,6 +32,7 @@ from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict, rank_rows, se
 from ..registry.store import RunStore, controller_identity
 from ..states import Cleanup, HostState, RunState
 from . import restarts
+from .start import start_all, start_steps
 from .job_setup import run_setup
 from .job_outputs import pull_outputs
 from .job_ports import PortForwards
@@ -440,16 +441,14 @@ class Runner:
         self._post(HostDone("start", node.host.name, time.monotonic() - t))
 
     def _start_all(self, plan: LaunchPlan) -> None:
-        """Every host at once where rank 0's host already listens for the others' supervisors (a first
-        attempt: bound during the push); else rank 0's host first (its start answer names the port)."""
-        first = plan.nodes if plan.attempt == 0 and (len(plan.nodes) == 1 or self._coordinator_port) \
-            else plan.nodes[:1]
-        self._fan_out("start", first, lambda n: self._start_node(plan, n), interruptible=False)
-        if self._interrupts:
-            raise Interrupted("start")
-        if len(plan.nodes) > len(first):
-            self._fan_out("start", plan.nodes[1:], lambda n: self._start_node(plan, n), interruptible=False)
-        if self._interrupts and not self._detach:
+        """In job.start's order (launch/start.py): every host at once, or host after host in rank order."""
+        # --detach --wait with a host busy: each host's waiter starts it in its turn, so no order to keep
+        ordered = plan if not (plan.attempt == 0 and self._handoff) else replace(plan, start_order="all")
+        steps = start_steps(ordered, coordinator_ready=plan.attempt == 0 and bool(self._coordinator_port))
+        done = start_all(ordered, steps, lambda nodes: self._fan_out("start", nodes, lambda n: self._start_node(plan, n),
+                                                                   interruptible=False),
+                         stopped=lambda: bool(self._interrupts), emit=self._emit)
+        if not done or (self._interrupts and not self._detach):
             raise Interrupted("start")
 
     def _undo(self, plan: LaunchPlan, grace: float) -> None:

@@ -27,6 +27,8 @@ def host_spec(inv: Inventory, plan: LaunchPlan, node: NodePlan, secrets: Mapping
         values = {name: secrets[name] for name in plan.secret_names}
         spec.update({"launcher": "torchrun", "command": list(node.torchrun), "entry": list(node.entry),
                      "env": {**node.env, **values, **extra}, "ranks": [{"rank": r.rank} for r in node.ranks]})
+    if plan.start_order == "rank" and len(node.ranks) > 1:  # its ranks one after another (launch/start.py)
+        spec["start_gap"] = plan.start_gap_s
     if claim is not None:
         spec["claim"] = claim
     if inv.job.outputs and node.node_rank == 0:  # the host's `runs` says whether they selected anything

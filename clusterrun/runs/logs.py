@@ -12,7 +12,7 @@ from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional, 
 
 from .. import outcome
 from ..errors import UsageError
-from ..events import LogLines, RankSeen, Stuck
+from ..events import LogLines, RankSeen, Rendezvous, Stuck
 from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, RunGone
 from ..hosts.group import fan_out, on_hosts
@@ -225,8 +225,8 @@ class _LogFetch:
         elif isinstance(ev, RankSeen) and self.current and self.ranks[ev.rank].node_rank != ev.node_rank:
             self.store.update_rank(self.run_id, ev.rank, node_rank=ev.node_rank,
                                    host=self.nodes[ev.node_rank].host.name)
-        elif isinstance(ev, Stuck) and (ev.node_rank, ev.rank, ev.remote) not in self.warned:
-            self.warned.add((ev.node_rank, ev.rank, ev.remote))
+        elif isinstance(ev, (Stuck, Rendezvous)) and ev.key not in self.warned:
+            self.warned.add(ev.key)
             on_problem(ev.describe(self.record.inventory))
         elif isinstance(ev, (FollowDone, HostLost)):
             live.discard(ev.node_rank)

@@ -11,7 +11,7 @@ from typing import Dict, Iterable, Optional
 
 from rich.text import Text
 
-from ..events import Forwarded, HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Waiting
+from ..events import Forwarded, HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Starting, Waiting
 from ..outcome import RunOutcome, hint_for
 from ..states import RankState, RunState
 from ..config.sizes import size_text
@@ -102,6 +102,10 @@ class RunView:
             self.err.print(Text(ev.text, style=style))
         elif isinstance(ev, Waiting):
             self._on_waiting(ev)
+        elif isinstance(ev, Starting):  # job.start order rank: which host starts now
+            target = self._progress.console if self._progress is not None else self.err
+            if not self.quiet:
+                target.print(Text(ev.describe(), style="dim"))
         elif isinstance(ev, Forwarded):
             from .ports import banner
 

@@ -43,6 +43,7 @@ def show_plan(plan: "LaunchPlan", out: Console, routes: Optional[Dict[str, str]]
         out.print(Text(f"# {name}: ", style="bold") + Text(route))
     _interfaces(plan, out)
     _show_gpus(plan, out)
+    _start_order(plan, out)
     for node in plan.nodes:
         if node.torchrun:
             ranks = ", ".join(str(r.rank) for r in node.ranks)
@@ -54,6 +55,14 @@ def show_plan(plan: "LaunchPlan", out: Console, routes: Optional[Dict[str, str]]
             out.print(Text(f"# {node.host.name} rank {r.rank}", style="bold"))
             out.print(Text(render_rank_command(plan, node, r)))
     out.print(Text("dry run: nothing was connected to, pushed or started", style="dim"))
+
+
+def _start_order(plan: "LaunchPlan", out: Console) -> None:
+    """job.start: every host at once, or each rank's earliest start in rank order (launch/start.py)."""
+    from ..launch.start import order_lines
+
+    for line in order_lines(plan):
+        out.print(Text(line, style="bold" if line.startswith("# start") else ""))
 
 
 def _target(host) -> str:

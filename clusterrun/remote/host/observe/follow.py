@@ -4,7 +4,7 @@ Frames (wire.FRAME: kind, rank, offset, payload length; then the payload):
   L  log bytes of a rank, from its byte offset       X  a rank's exit record (JSON), after its log is drained
   A  log bytes of an auxiliary stream (rank field: its index in AUX, e.g. 0 = torchrun's own output)
   H  heartbeat {"now", "supervisor_alive", "restarts", "connecting", "lost": {node rank: why} (rank 0's host:
-     the hosts its supervisor's coordinator lost)} each second (and RUN/followed touched: a controller
+     the hosts its supervisor's coordinator lost), "rendezvous": [findings] (run/rendezvous.py)} each second (and RUN/followed touched: a controller
      follows the run, observe/state.py)
   E  the end: every rank's exit was sent (under torchrun, also once its supervisor is done)
   F  instead of any of these: a failure {"error", "kind", "path"} (main.py); kind "missing": no such run
@@ -105,7 +105,7 @@ class Follow:
         self.state = read_json(os.path.join(self.run_dir, "state.json")) or self.state
         state = self.state or {}
         emit(b"H", 0, 0, json.dumps({"now": now, "supervisor_alive": self.sup_alive, "restarts": state.get("restarts", 0),
-                                     "connecting": self.stuck(now),
+                                     "connecting": self.stuck(now), "rendezvous": state.get("rendezvous") or [],
                                      "lost": (state.get("mesh") or {}).get("lost") or {}}).encode())
         self.last_beat = now
         if not self.once:  # a controller watches: the supervisors' mesh may lean on it (run/supervisor.py)

@@ -11,6 +11,9 @@ It makes the rank's stacks readable without py-spy, then gets out of the way:
   - With Yama's ptrace_scope at 1 (Ubuntu's default) a process may be traced only by its ancestors: the
     rank names TRACER (its supervisor's pid; 0 = none) with PR_SET_PTRACER, so a py-spy the supervisor
     starts may attach. Nothing else may.
+  - It notes where the rank's script itself points MASTER_ADDR or MASTER_PORT (`os.environ[...] = ...`, as
+    the DDP tutorial's `localhost`) in STACKS.env, a `KEY=VALUE` line each time, from an audit hook on
+    os.putenv that does nothing else: the rendezvous watchdog reads it (rendezvous.py).
   - Then it runs ENTRY exactly as `python ENTRY` would: the same sys.argv, sys.path[0], __main__ module
     (a fresh one: __name__, __file__, __loader__, __spec__ as Python sets them), exit code, and tracebacks
     (this file's frames are cut from an uncaught exception's traceback; an uncaught KeyboardInterrupt still
@@ -56,6 +59,28 @@ def _allow_tracer(pid):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, pid, 0, 0, 0)
     except (OSError, AttributeError, ImportError):
         pass
+
+
+WATCHED_ENV = ("MASTER_ADDR", "MASTER_PORT")
+
+
+def _watch_env(path):
+    """Append `KEY=VALUE` to path whenever the rank sets MASTER_ADDR or MASTER_PORT itself."""
+    def hook(event, args):
+        if event != "os.putenv":
+            return
+        try:  # an audit hook that raises would fail the rank's own putenv: never
+            key, value = (a.decode("utf-8", "replace") if isinstance(a, bytes) else str(a) for a in args[:2])
+            if key in WATCHED_ENV:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                try:
+                    os.write(fd, ("%s=%s\n" % (key, value.replace("\n", " ")[:200])).encode())
+                finally:
+                    os.close(fd)
+        except Exception:  # noqa: BLE001
+            pass
+
+    sys.addaudithook(hook)
 
 
 def _cut(tb):
@@ -120,6 +145,8 @@ def main(argv):
         pass  # no dumps from this rank (py-spy may still read it); the job runs all the same
     if tracer:
         _allow_tracer(tracer)
+    if hasattr(sys, "addaudithook"):  # Python 3.8+
+        _watch_env(stacks + ".env")
     if entry[0] == "-m":
         _run_module(entry[1], entry[2:])
     elif entry[0] == "-c":

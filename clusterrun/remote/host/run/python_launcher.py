@@ -20,9 +20,14 @@ class RankSupervisor(Supervisor):
         self.stopped = set()  # ranks clusterrun stopped
 
     def start(self):
+        """Every rank of this host at once; with spec start_gap (job.start order rank) one after another in
+        rank order, start_gap seconds apart (a stop meanwhile starts no more)."""
         stopped_early = os.path.exists(os.path.join(self.run_dir, "stop.json"))
-        for r in self.spec["ranks"]:
+        gap = self.spec.get("start_gap")
+        for i, r in enumerate(self.spec["ranks"]):
             rank = r["rank"]
+            if i and gap and not stopped_early:
+                stopped_early = not self.pause(float(gap))
             if stopped_early:  # stopped between start and now: start nothing, record why
                 self.record(rank, stopped=True, error="stopped before it started")
                 continue
@@ -40,6 +45,16 @@ class RankSupervisor(Supervisor):
             self.procs[rank] = proc
             self.ranks[str(rank)] = {"pid": proc.pid, "pgid": proc.pid, "ticks": start_ticks(proc.pid),
                                      "started_at": time.time()}
+
+    def pause(self, seconds):
+        """Wait between two ranks' starts; False when a stop came meanwhile (a signal or stop.json)."""
+        end = time.time() + seconds
+        while time.time() < end:
+            if self.requested or os.path.exists(os.path.join(self.run_dir, "stop.json")):
+                return False
+            self.poll(time.time())  # a rank that ended meanwhile is recorded (and may fail the run)
+            time.sleep(min(0.05, max(0.0, end - time.time())))
+        return not self.requested
 
     def running(self):
         return bool(self.procs)

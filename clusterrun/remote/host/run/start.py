@@ -79,7 +79,9 @@ def _start_locked(run_dir, spec, lock, wake):
             os._exit(code)
     os.close(wake[1])
     try:
-        state = _await_state(run_dir, pid, wake[0])
+        # ranks started one after another (job.start order rank) take their gaps before the state is written
+        waits = float(spec.get("start_gap") or 0) * max(0, len(spec.get("ranks") or []) - 1)
+        state = _await_state(run_dir, pid, wake[0], 30 + waits)
     finally:
         if own:
             os.close(wake[0])
@@ -90,9 +92,9 @@ def _start_locked(run_dir, spec, lock, wake):
     raise Fail("the supervisor did not start: " + (tail or "no output"), "start")
 
 
-def _await_state(run_dir, pid, ready):
+def _await_state(run_dir, pid, ready, seconds):
     """The supervisor's state once it has written it (it pokes `ready` then), or None when it ended first."""
-    deadline = time.time() + 30
+    deadline = time.time() + seconds
     state_file = os.path.join(run_dir, "state.json")
     while time.time() < deadline:
         state = read_json(state_file)

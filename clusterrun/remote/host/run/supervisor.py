@@ -21,6 +21,7 @@ from ..observe.state import followed_within
 from ..wire import PROTOCOL
 from .hang import HangWatch
 from .oom import OomWatch
+from .rendezvous import RendezvousWatch
 
 # Why a supervisor stopped its ranks (exit records carry it as "stop_reason").
 TIME_LIMIT = "time-limit"
@@ -61,6 +62,7 @@ class Supervisor:
         self.mesh_note = None  # a node that never joined the mesh, as state.json says it (watch_mesh)
         self.hang = HangWatch.of(self)
         self.oom = OomWatch()
+        self.rendezvous = RendezvousWatch.of(self)
 
     def environment(self, env):
         """What a process of this run gets: this host's environment, the spec's, the process marker, and a
@@ -94,6 +96,7 @@ class Supervisor:
             self.poll(now)
             self.reap_leftovers(now)
             self.talk(now)
+            self.watch_rendezvous(now)
             self.forward_stop(now)
             self.nap(alarm, self.TICK)
         self.talk(time.time())
@@ -149,7 +152,24 @@ class Supervisor:
             state["coordinator"] = {"port": self.coordinator.port}
         if self.mesh_note is not None:
             state["mesh"] = self.mesh_note
+        if self.rendezvous is not None and self.rendezvous.findings:
+            state["rendezvous"] = self.rendezvous.findings
         return state
+
+    def watch_rendezvous(self, now):
+        """A rendezvous nobody can join, named (rendezvous.py): supervisor.log and state.json; never fatal."""
+        if self.rendezvous is None or self.stopping_since is not None:
+            return
+        try:
+            found = self.rendezvous.tick(now)
+        except Exception as exc:  # noqa: BLE001 - a watch that breaks must not take the ranks with it
+            self.log("rendezvous watch: %s: %s" % (type(exc).__name__, exc))
+            self.rendezvous = None
+            return
+        for finding in found:
+            self.log("rendezvous: " + finding["text"])
+        if found:
+            self.write_state()
 
     def serving(self, now):
         """The coordinator stays up while peers it knows of may still run (they would take its going for
