@@ -12,11 +12,12 @@ import yaml
 
 from ..errors import UsageError
 from . import placeholders
+from .environment import Environment, read_environment
 from .yaml_nodes import NodeReader, describe
 
 JOB_KEYS = ("root", "script", "module", "args", "rank_flags", "launcher", "setup", "restarts", "min_nodes",
             "restart_delay", "checkpoint_dir", "sync", "exclude", "init_method", "backend", "timeout", "time_limit",
-            "hang_timeout", "shared_dir", "outputs", "ports")
+            "hang_timeout", "shared_dir", "outputs", "ports", "environment")
 LAUNCHERS = ("python", "torchrun")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".mypy_cache/", ".pytest_cache/")
@@ -48,6 +49,7 @@ class Job:
     outputs: Tuple[str, ...] = ()  # what `pull` brings back (paths or globs in the job folder, or checkpoints/...)
     ports: Tuple[int, ...] = ()  # ports on rank 0's host forwarded to this machine while an attached run lives
     hang_timeout_s: Optional[float] = None  # no rank wrote a line for this long: the run is hung (off: None)
+    environment: Optional[Environment] = None  # a venv built once per host from a requirements file
 
     @property
     def entry(self) -> Optional[Tuple[str, ...]]:
@@ -115,6 +117,8 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
     exclude = tuple(job.read("exclude", r.string_list, ()))
     outputs = _read_outputs(r, job.node("outputs"))
     ports = _read_ports(r, job.node("ports"))
+    environment = read_environment(r, job.node("environment"),
+                                   lambda node, key, value: _rel_job_path(r, node, key, value, root))
     # A value that failed to read is None (its problem is recorded); the defaults keep the Job well-formed.
     return Job(root=root, script=script, args=args, sync=tuple(_read_sync(r, job.node("sync"), root)),
                exclude=_D.exclude + exclude, init_method=init_method or _D.init_method,
@@ -124,7 +128,7 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
                rank_flags_from="default" if rank_flags is None and launcher == "python" else "inventory",
                setup=setup, restarts=restarts or 0, min_nodes=min_nodes,
                restart_delay_s=_D.restart_delay_s if delay is None else delay, checkpoint_dir=checkpoint_dir,
-               outputs=outputs, ports=ports, hang_timeout_s=hang_timeout)
+               outputs=outputs, ports=ports, hang_timeout_s=hang_timeout, environment=environment)
 
 
 def _read_root(r: NodeReader, job: _Entries, base_dir: str) -> str:
@@ -347,7 +351,8 @@ def check_files(job: Job, where: str) -> None:
     if job.module and _module_problem(job):
         problems.append(_module_problem(job))
     named = [("job.script", job.script)] if job.script else [("job.module", p) for p in entry_paths(job)]
-    for key, rel in named + [(f"job.sync[{i}]", s) for i, s in enumerate(job.sync)]:
+    env = [("job.environment.requirements", job.environment.requirements)] if job.environment else []
+    for key, rel in named + env + [(f"job.sync[{i}]", s) for i, s in enumerate(job.sync)]:
         full = os.path.join(job.root, rel)
         if not os.path.lexists(full):
             if key != "job.module":  # the module's own problem says it better

@@ -163,7 +163,8 @@ class HashCache:
 def build_manifest(job: Job, cache: HashCache) -> Manifest:
     """Every file to push: the script and the sync paths, minus excludes; symlinks must stay inside root."""
     walk = _Walk(job, cache)
-    for rel in entry_paths(job) + [s.rstrip("/") for s in job.sync]:
+    env = [job.environment.requirements] if job.environment else []  # the venv is built from it on the host
+    for rel in entry_paths(job) + env + [s.rstrip("/") for s in job.sync]:
         walk.add_path(rel)
     cache.save()
     return walk.manifest()

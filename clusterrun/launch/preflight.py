@@ -21,6 +21,12 @@ def preflight(inv: Inventory, facts: Mapping[int, Mapping]) -> List[CheckProblem
     problems: List[CheckProblem] = []
     for node_rank in sorted(facts):
         found = [pythons[names[node_rank]]]
+        base = facts[node_rank].get("env_base")
+        if isinstance(base, dict) and "error" in base:  # said before anything is built on the other hosts
+            problems.append(CheckProblem(names[node_rank], node_rank, "environment", FAIL,
+                                         f"job.environment's base interpreter: {base['error']}",
+                                         "install it there, or name one every host has (job.environment.python: "
+                                         "a version such as \"3.11\", a command, or a path)"))
         if "port" in facts[node_rank]:
             found.append(port_text(facts[node_rank]["port"], inv.master_port, names[node_rank]))
         problems += [CheckProblem(names[node_rank], node_rank, r.name, r.status, r.detail, r.hint)

@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..config.inventory import Host, Inventory, inventory_snapshot
 from .. import outcome
@@ -33,6 +33,7 @@ from ..registry.store import RunStore, controller_identity
 from ..states import Cleanup, HostState, RunState
 from . import restarts
 from .job_setup import run_setup
+from . import environment as job_env
 from .job_outputs import pull_outputs
 from .job_ports import PortForwards
 from .claiming import LaunchClaims, prepare_failure, wait_mesh
@@ -106,6 +107,7 @@ class Runner:
             manifest = background(build_manifest, self.inv.job, self._hash_cache, thread_name="manifest")
             self._prepare(plan, manifest)
             plan = self._plan = self._preflight(plan)
+            plan = self._plan = self._stacks(plan)
             if self.inv.job.setup:
                 self._phase("setup", lambda: self._setup_all(plan, manifest.result()))
             self._handoff = self.claims.handed_off
@@ -233,6 +235,25 @@ class Runner:
         self.store.update_run(self.run_id, plan=plan_to_dict(plan))
         return plan
 
+    def _stacks(self, plan: LaunchPlan) -> LaunchPlan:
+        """job.environment's venv on every host (built where missing), or the plain pythons' fingerprints;
+        the stacks compared before anything starts; then the plan runs with the venv's python."""
+        steps = job_env.Steps(self.inv, plan, self.hosts.held, lambda name, fn: self._fan_out(name, plan.nodes, fn),
+                              log_copy=lambda host: self.store.aux_log_path(plan.run_id, host, "environment"),
+                              lines=self._q.put)
+        stacks = steps.fingerprints() if self.inv.job.environment is None else self._phase("environment", steps.build)
+        if stacks.summary:
+            self._emit(Notice(stacks.summary))
+        for node in plan.nodes:
+            self.store.update_host(self.run_id, node.index, stack=json.dumps(stacks.records[node.host.name]))
+        stacks.check(self.inv)
+        if not stacks.pythons:
+            return plan
+        self.inv = job_env.with_env_pythons(self.inv, stacks.pythons)
+        plan = build_plan(self.inv, self.run_id, master_port=plan.master_port, network=self._network)
+        self.store.update_run(self.run_id, plan=plan_to_dict(plan))
+        return plan
+
     def _setup_all(self, plan: LaunchPlan, manifest: Manifest) -> None:
         """job.setup on every host at once, output streamed as `[host setup]`; any failure stops the launch
         before a rank starts (every failing host named)."""
@@ -254,12 +275,13 @@ class Runner:
     def _elapsed(self) -> float:
         return time.monotonic() - self._t0
 
-    def _phase(self, name: str, body: Callable[[], None]) -> None:
+    def _phase(self, name: str, body: Callable[[], Any]) -> Any:
         t = time.monotonic()
         self._emit(Phase(name))
-        body()
+        result = body()
         self._phases.append((name, time.monotonic() - t))
         self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
+        return result
 
     def _prepare(self, plan: LaunchPlan, manifest: "Future[Manifest]") -> None:
         """Connect to every host and push to each as soon as it is connected: no barrier between the two,
@@ -381,11 +403,13 @@ class Runner:
 
         self.store.update_host(self.run_id, node.index, state=HostState.PUSHING)
         rank0 = node.node_rank == 0
+        base = job_env.env_base(self.inv, node.host)  # the host describes it in its facts (or says it lacks it)
+        env_base = {"env_base": base} if base else {}
         held = self._client(node.index).push(
             self.run_id, manifest, progress, want_port=rank0 and plan.master_port is None,
             check_port=plan.master_port if rank0 else None, master_addr=plan.master_addr,
             relay=(relay, node.node_rank) if relay is not None else None, coordinator=rank0 and len(plan.nodes) > 1,
-            claim=self.claims.of(plan, node))
+            claim=self.claims.of(plan, node), **env_base)
         if self.claims.waited:
             self.store.update_run(self.run_id, state=RunState.STARTING)
         self.hosts.hold(node.node_rank, held)

@@ -1,0 +1,43 @@
+"""The base interpreter of job.environment as this host has it: found on PATH (python3.11) or at its path,
+described by running it once (version, implementation, platform tag: what the venv's key holds and what
+`pip download --platform` needs for wheels: controller). Sent in the push's facts, so a host that lacks
+it is named before anything is built on the others."""
+
+import json
+import os
+import shutil
+import subprocess
+
+DESCRIBE = r"""
+import json, platform, sys, sysconfig
+impl = {"cpython": "cp", "pypy": "pp"}.get(sys.implementation.name, sys.implementation.name)
+plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+libc = "%s%s" % platform.libc_ver() if platform.libc_ver()[0] else ""
+print(json.dumps({"executable": sys.executable, "version": platform.python_version(), "implementation": impl,
+                  "python_tag": "%s%d%d" % (impl, sys.version_info[0], sys.version_info[1]), "platform": plat,
+                  "libc": libc, "tag": "-".join(t for t in ("%s%d%d" % (impl, sys.version_info[0],
+                                                                        sys.version_info[1]), plat, libc) if t)}))
+"""
+
+
+def describe_base(command, timeout=30.0):
+    """{executable, version, implementation, platform, libc, tag} of the interpreter `command` names, or
+    {error} saying what is missing: a command looked up on PATH as ssh's shell would, a path as it is."""
+    path = command if os.sep in command else shutil.which(command)
+    if path is None or not os.path.exists(path):
+        where = "on PATH (%s)" % os.environ.get("PATH", "") if os.sep not in command else "at that path"
+        return {"error": "%s: no such interpreter %s" % (command, where), "command": command}
+    try:
+        done = subprocess.run([path, "-c", DESCRIBE], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": "%s: cannot run it (%s)" % (command, exc), "command": command}
+    if done.returncode != 0:
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+        return {"error": "%s exited %d: %s" % (command, done.returncode, " | ".join(tail)), "command": command}
+    try:
+        found = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": "%s printed no description of itself" % command, "command": command}
+    found["command"] = command
+    return found
