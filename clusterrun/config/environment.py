@@ -149,6 +149,25 @@ def content_key(content: bytes, index: Mapping[str, object]) -> str:
     return hashlib.sha256(content + json.dumps(dict(index), sort_keys=True).encode()).hexdigest()[:KEY_LENGTH]
 
 
+_NOT_FOUND = re.compile(r"(?:No matching distribution found for|satisfies the requirement|"
+                        r"Because (?:there is no version of|only))\s+([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def failing_line(text: str, tail: Sequence[str], path: str) -> Optional[str]:
+    """`requirements.txt:3: tinypkg==9.9`: the line of the file that names the requirement the installer
+    could not find (pip's and uv's words in its last lines), None when it names none of them."""
+    for line in tail:
+        found = _NOT_FOUND.search(line)
+        if not found:
+            continue
+        name = re.split(r"[=<>!~\[; ]", found.group(1))[0].lower().replace("_", "-")
+        for number, entry in enumerate(text.splitlines(), 1):
+            head = re.split(r"[=<>!~\[; ]", entry.strip())[0].lower().replace("_", "-")
+            if head == name:
+                return f"{path}:{number}: {entry.strip()}"
+    return None
+
+
 @dataclass(frozen=True)
 class Mismatch:
     """One fingerprint field that differs between hosts: each host's value, the most common first."""

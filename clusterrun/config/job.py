@@ -341,6 +341,13 @@ def _missing(key: str, rel: str, root: str, where: str) -> str:
     return text
 
 
+def _named_paths(job: Job) -> List[Tuple[str, str]]:
+    """(key, path under root) of every file or folder the job names."""
+    named = [("job.script", job.script)] if job.script else [("job.module", p) for p in entry_paths(job)]
+    env = [("job.environment.requirements", job.environment.requirements)] if job.environment else []
+    return named + env + [(f"job.sync[{i}]", s) for i, s in enumerate(job.sync)]
+
+
 def check_files(job: Job, where: str) -> None:
     """The entry point and every sync path exist under the root, and no symlink leads out of it (where: the
     inventory's path, for the message)."""
@@ -350,9 +357,7 @@ def check_files(job: Job, where: str) -> None:
     root = os.path.realpath(job.root)
     if job.module and _module_problem(job):
         problems.append(_module_problem(job))
-    named = [("job.script", job.script)] if job.script else [("job.module", p) for p in entry_paths(job)]
-    env = [("job.environment.requirements", job.environment.requirements)] if job.environment else []
-    for key, rel in named + env + [(f"job.sync[{i}]", s) for i, s in enumerate(job.sync)]:
+    for key, rel in _named_paths(job):
         full = os.path.join(job.root, rel)
         if not os.path.lexists(full):
             if key != "job.module":  # the module's own problem says it better

@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..config.environment import (FINGERPRINT_FIELDS, Environment, base_command, environment_key,
-                                  index_settings, mismatches)
+                                  failing_line, index_settings, mismatches)
 from ..config.inventory import Host, Inventory
-from ..errors import StackMismatch
+from ..errors import EnvBuildError, StackMismatch
 from ..events import HostDone, LogLines
 from ..hosts.group import GroupResult
 from ..hosts.push import EnvResult, HeldPush
@@ -158,8 +158,16 @@ class Steps:
         def one(node: NodePlan) -> EnvResult:
             held = self.held(node.node_rank)
             request = env_request(self.inv, held.facts.get("env_base") or {}, content)
-            return build_on(held, request, node.host.name, node.node_rank, silence_s=self.silence,
-                            copy=self.log_copy(node.host.name), lines=self.lines)
+            try:
+                return build_on(held, request, node.host.name, node.node_rank, silence_s=self.silence,
+                                copy=self.log_copy(node.host.name), lines=self.lines)
+            except EnvBuildError as exc:
+                line = failing_line(content.decode("utf-8", "replace"), exc.output_tail.splitlines(),
+                                    self.inv.job.environment.requirements)
+                if line is None:
+                    raise
+                raise EnvBuildError(exc.host, f"{exc.message}; {line}", output_tail=exc.output_tail,
+                                    hint=exc.hint) from None
 
         found = self.fan_out("environment", one).results
         results = {n.host.name: found[n.host.name] for n in self.plan.nodes}

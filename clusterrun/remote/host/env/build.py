@@ -64,7 +64,8 @@ class BuildFailed(Exception):
 
 
 def run_environment(workdir, run_dir, request, stdin):
-    """Use or build the venv; answer as the protocol says; True when it is ready."""
+    """Use or build the venv: the protocol's answer ({"environment": ...}) and whether it is ready (the
+    caller sends the answer, a failure's after it removed the unstarted run)."""
     t0 = time.time()
     key = request["key"]
     final = os.path.join(envs_dir(workdir), key)
@@ -85,11 +86,9 @@ def run_environment(workdir, run_dir, request, stdin):
         _note_use(final, run_dir)
         found = fingerprint.of_env(final, env_python(final))
     except BuildFailed as exc:
-        send_msg({"environment": {"error": str(exc), "kind": exc.kind, "tail": exc.tail, "log": log_path}})
-        return False
-    send_msg({"environment": {"python": env_python(final), "key": key, "built": built, "waited": waited,
-                              "seconds": time.time() - t0, "installer": installer, "fingerprint": found}})
-    return True
+        return {"environment": {"error": str(exc), "kind": exc.kind, "tail": exc.tail, "log": log_path}}, False
+    return {"environment": {"python": env_python(final), "key": key, "built": built, "waited": waited,
+                            "seconds": time.time() - t0, "installer": installer, "fingerprint": found}}, True
 
 
 def _note_use(final, run_dir):
@@ -200,42 +199,46 @@ def _step(argv, cwd, log, stdin, deadline, what):
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     except OSError as exc:
         raise BuildFailed("install", "%s: cannot run %s: %s" % (what, argv[0], exc)) from None
-    tail, pending = [], b""
+    tail = []
     try:
-        out = proc.stdout.fileno()
-        while True:
-            left = deadline - time.time()
-            if left <= 0:
-                raise BuildFailed("timeout", "%s: it took longer than timeouts.setup; the installer was killed"
-                                  % what, tail)
-            ready, _, _ = select.select([out, stdin.fileno()], [], [], min(BEAT_EVERY, left))
-            if stdin.fileno() in ready and not os.read(stdin.fileno(), 1):
-                raise EOFError("the controller went away during the environment's build")
-            if out in ready:
-                data = os.read(out, 1 << 16)
-                if not data:
-                    break
-                os.write(log, data)
-                pending += data
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    text = line.decode("utf-8", "replace").rstrip()
-                    tail = (tail + [text])[-TAIL:]
-                    if text.strip():
-                        send_msg({"env": {"step": "line", "text": text}})
-            else:
-                send_msg({"beat": time.time()})
+        _pump(proc, log, stdin, deadline, what, tail)
         code = proc.wait()
     finally:
         proc.stdout.close()
         if proc.poll() is None:
             _kill(proc)
-    if pending:
-        tail = (tail + [pending.decode("utf-8", "replace")])[-TAIL:]
     if code != 0:
         full = any("No space left on device" in line for line in tail)
         raise BuildFailed("disk_full" if full else "install", "%s: %s exited %s" % (
-            what, os.path.basename(argv[0]) if argv[0] else argv[0], _exit_text(code)), tail)
+            what, os.path.basename(argv[0]), _exit_text(code)), tail)
+
+
+def _pump(proc, log, stdin, deadline, what, tail):
+    """The command's output to the log and the controller until it closes it; tail: its last lines."""
+    out, pending = proc.stdout.fileno(), b""
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            raise BuildFailed("timeout", "%s: it took longer than timeouts.setup; the installer was killed"
+                              % what, tail)
+        ready, _, _ = select.select([out, stdin.fileno()], [], [], min(BEAT_EVERY, left))
+        if stdin.fileno() in ready and not os.read(stdin.fileno(), 1):
+            raise EOFError("the controller went away during the environment's build")
+        if out not in ready:
+            send_msg({"beat": time.time()})
+            continue
+        data = os.read(out, 1 << 16)
+        if not data:
+            if pending:
+                tail[:] = (tail + [pending.decode("utf-8", "replace")])[-TAIL:]
+            return
+        os.write(log, data)
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            text = line.decode("utf-8", "replace").rstrip()
+            tail[:] = (tail + [text])[-TAIL:]
+            if text.strip():
+                send_msg({"env": {"step": "line", "text": text}})
 
 
 def _exit_text(code):

@@ -31,9 +31,12 @@ def hold(push):
     try:
         message = read_msg(push.stdin)
         if "environment" in message:
-            if not run_environment(push.workdir, push.run_dir, message["environment"], push.stdin):
-                push.undo()  # nothing half-done stays: the controller has the log's lines
+            answer, ready = run_environment(push.workdir, push.run_dir, message["environment"], push.stdin)
+            if not ready:
+                push.undo()  # nothing half-done stays (the controller has the log's lines), then the answer
+                send_msg(answer)
                 return
+            send_msg(answer)
             message = read_msg(push.stdin)
         if "fingerprint" in message:
             send_msg({"fingerprint": interpreter_fingerprint(push.workdir)})
