@@ -144,6 +144,15 @@ class EnvBuildError(RemoteCommandError):
     reason = "environment build failed"
 
 
+class WheelsError(ClusterrunError):
+    """job.environment.wheels: controller could not download the wheels for a host's platform here (which
+    package, which platform); nothing was pushed."""
+
+    def __init__(self, message: str, hint: str = ""):
+        self.message, self.hint = message, hint
+        super().__init__(message + (f"\n    hint: {hint}" if hint else ""))
+
+
 class StackMismatch(UsageError):
     """The hosts' stack fingerprints differ (Python, torch, CUDA, NCCL, cuDNN, driver) in a field that
     job.environment.allow_mismatch does not accept: refused before any rank starts."""

@@ -7,6 +7,7 @@ program is installed once per host and version, on the first command that finds 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .pull import PullStream
 
 T = TypeVar("T")
+with open(os.path.join(os.path.dirname(remote.__file__), "host", "env", "base.py"), encoding="utf-8") as _fh:
+    BASE_SOURCE = _fh.read()  # run as `python -c`: its __main__ part describes the interpreter it is given
 
 
 class HostClient:
@@ -138,6 +141,17 @@ class HostClient:
             return pull
 
         return self._with_program(attempt)
+
+    def describe_base(self, command: str, index: Optional[Tuple[str, int]] = None) -> dict:
+        """job.environment's base interpreter on this host, described as the push's facts would (and
+        whether the package index answers from there): for wheels: controller or auto, before the push."""
+        argv = [self.host.python, "-c", BASE_SOURCE, command] + ([index[0], str(index[1])] if index else [])
+        done = self.transport.run(argv, timeout=self.timeouts.command)
+        found = _last_json(done.stdout)
+        if done.exit_code != 0 or not isinstance(found, dict):
+            raise self._command_failed("cannot describe job.environment's base interpreter", done.exit_code,
+                                       done.stderr)
+        return found
 
     def free_port(self) -> int:
         return int(self.call("free-port")["port"])

@@ -20,12 +20,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from ..config.environment import (FINGERPRINT_FIELDS, Environment, base_command, environment_key,
                                   failing_line, index_settings, mismatches)
 from ..config.inventory import Host, Inventory
-from ..errors import EnvBuildError, StackMismatch
-from ..events import HostDone, LogLines
+from ..errors import EnvBuildError, HostsFailed, PreflightError, StackMismatch
+from ..events import HostDone, LogLines, Notice
 from ..hosts.group import GroupResult
 from ..hosts.push import EnvResult, HeldPush
 from ..plan import LaunchPlan, NodePlan
+from .wheels import Wheels, fetch, find_links_for, index_address, uses_controller
 
+BASE_HINT = ("install it there, or name one every host has (job.environment.python: a version such as \"3.11\", "
+             "a command, or a path)")
 # installer lines worth a line of their own in the live view (the whole log is kept in the run folder)
 _SHOWN = ("Collecting", "Downloading", "Processing", "Installing", "Successfully", "ERROR", "error:", "Resolved",
           "Prepared", "Installed", "Using", "Looking in")
@@ -41,6 +44,42 @@ def requirements_text(inv: Inventory) -> bytes:
     env = inv.job.environment
     with open(os.path.join(inv.job.root, env.requirements), "rb") as fh:
         return fh.read()
+
+
+FanOut = Callable[[str, Sequence[NodePlan], Callable[[NodePlan], object]], GroupResult]  # the runner's _fan_out
+
+
+def fetch_wheels(inv: Inventory, plan: LaunchPlan, phase: Callable[[str, Callable[[], Any]], Any], fan_out: FanOut,
+                 connect: Callable[[NodePlan], Any], home: str, emit: Callable[[object], None]) -> Optional[Wheels]:
+    """wheels: controller (or auto, with a host that cannot reach the index), as the launch's phase
+    "wheels": every host's base interpreter described before the push (a host that lacks it named before
+    anything is built), then the wheels of each distinct platform downloaded here (launch/wheels.py).
+    None: the hosts use the index."""
+    env = inv.job.environment
+    if env is None or env.wheels == "index":
+        return None
+    return phase("wheels", lambda: _fetch_wheels(inv, plan, fan_out, connect, home, emit))
+
+
+def _fetch_wheels(inv: Inventory, plan: LaunchPlan, fan_out: FanOut, connect: Callable[[NodePlan], Any], home: str,
+                  emit: Callable[[object], None]) -> Optional[Wheels]:
+    env = inv.job.environment
+    index = index_address(requirements_text(inv).decode("utf-8", "replace")) if env.wheels == "auto" else None
+    found = fan_out("wheels", plan.nodes,
+                    lambda node: connect(node).describe_base(env_base(inv, node.host), index)).results
+    bases = {n.host.name: found[n.host.name] for n in plan.nodes}
+    lacking = {h: PreflightError(h, f"job.environment's base interpreter: {b['error']}", hint=BASE_HINT)
+               for h, b in bases.items() if "error" in b}
+    if lacking:
+        raise HostsFailed("preflight", lacking)
+    if not uses_controller(env.wheels, bases):
+        emit(Notice("wheels: every host reaches the index; each installs from there (wheels: auto)"))
+        return None
+    wheels = fetch(inv, bases, home)
+    said = [f"{tag} ({'downloaded here with pip' if tag in wheels.downloaded else 'downloaded before'})"
+            for tag in wheels.folders]
+    emit(Notice(f"wheels: {len(wheels.files)} file(s) for {', '.join(said)}; pushed with the job"))
+    return wheels
 
 
 def env_request(inv: Inventory, base: Mapping[str, object], content: bytes) -> dict:
@@ -136,18 +175,19 @@ class Stacks:
 
 class Steps:
     """The two ways a launch learns its hosts' stacks, on the pushes' held channels, fanned out by the
-    runner (fan_out(phase, fn) → GroupResult: every failing host named at once)."""
+    runner (fan_out(phase, nodes, fn) → GroupResult: every failing host named at once)."""
 
     def __init__(self, inv: Inventory, plan: LaunchPlan, held: Callable[[int], HeldPush],
-                 fan_out: Callable[[str, Callable[[NodePlan], object]], GroupResult], *,
-                 log_copy: Callable[[str], str], lines: Callable[[object], None]):
+                 fan_out: FanOut, *,
+                 log_copy: Callable[[str], str], lines: Callable[[object], None], wheels: Optional[Wheels] = None):
         self.inv, self.plan, self.held, self.fan_out = inv, plan, held, fan_out
-        self.log_copy, self.lines = log_copy, lines
+        self.log_copy, self.lines, self.wheels = log_copy, lines, wheels
         self.silence = max(inv.timeouts.host_lost, inv.timeouts.command)
 
     def fingerprints(self) -> Stacks:
         """A plain python on each host: its fingerprint (cached there by interpreter and site-packages)."""
-        found = self.fan_out("fingerprint", lambda node: self.held(node.node_rank).fingerprint(self.silence)).results
+        found = self.fan_out("fingerprint", self.plan.nodes,
+                             lambda node: self.held(node.node_rank).fingerprint(self.silence)).results
         prints = {n.host.name: _bare(found[n.host.name]) for n in self.plan.nodes}
         return Stacks(prints, {h: {"fingerprint": fp} for h, fp in prints.items()}, {})
 
@@ -157,7 +197,8 @@ class Steps:
 
         def one(node: NodePlan) -> EnvResult:
             held = self.held(node.node_rank)
-            request = env_request(self.inv, held.facts.get("env_base") or {}, content)
+            base = held.facts.get("env_base") or {}
+            request = dict(env_request(self.inv, base, content), **find_links_for(self.wheels, base))
             try:
                 return build_on(held, request, node.host.name, node.node_rank, silence_s=self.silence,
                                 copy=self.log_copy(node.host.name), lines=self.lines)
@@ -169,9 +210,10 @@ class Steps:
                 raise EnvBuildError(exc.host, f"{exc.message}; {line}", output_tail=exc.output_tail,
                                     hint=exc.hint) from None
 
-        found = self.fan_out("environment", one).results
+        found = self.fan_out("environment", self.plan.nodes, one).results
         results = {n.host.name: found[n.host.name] for n in self.plan.nodes}
         key = results[self.plan.nodes[0].host.name].key
+        self.lines(Notice(summary(key, results)))
         return Stacks({h: _bare(r.fingerprint) for h, r in results.items()}, stack_records(results),
                       {n.index: results[n.host.name].python for n in self.plan.nodes}, summary(key, results))
 

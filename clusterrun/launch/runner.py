@@ -81,6 +81,7 @@ class Runner:
         self._wait_port: Optional[int] = None  # where they meet (rank 0's host, bound during the push)
         self._network: Dict[int, dict] = {}  # by inventory index: the interface its push found (plan.net_choice)
         self._forwarding: Optional[PortForwards] = None  # job.ports, while an attached run lives
+        self._wheels: Optional[job_env.Wheels] = None  # wheels: controller's, pushed with the job
 
     # -------------------------------------------------------------- signals
 
@@ -104,7 +105,10 @@ class Runner:
         self._plan = plan
         try:
             # what to push is worked out while the connections are being made
-            manifest = background(build_manifest, self.inv.job, self._hash_cache, thread_name="manifest")
+            self._wheels = job_env.fetch_wheels(self.inv, plan, self._phase, self._fan_out, self._connect_node,
+                                                self.store.home, self._emit)  # wheels: controller's, then pushed
+            manifest = background(build_manifest, self.inv.job, self._hash_cache, self._wheels and self._wheels.files,
+                                  thread_name="manifest")
             self._prepare(plan, manifest)
             plan = self._plan = self._preflight(plan)
             plan = self._plan = self._stacks(plan)
@@ -236,22 +240,18 @@ class Runner:
         return plan
 
     def _stacks(self, plan: LaunchPlan) -> LaunchPlan:
-        """job.environment's venv on every host (built where missing), or the plain pythons' fingerprints;
-        the stacks compared before anything starts; then the plan runs with the venv's python."""
-        steps = job_env.Steps(self.inv, plan, self.hosts.held, lambda name, fn: self._fan_out(name, plan.nodes, fn),
+        """job.environment's venv on every host, or the plain pythons' fingerprints: compared (environment.py)."""
+        steps = job_env.Steps(self.inv, plan, self.hosts.held, self._fan_out,
                               log_copy=lambda host: self.store.aux_log_path(plan.run_id, host, "environment"),
-                              lines=self._q.put)
+                              lines=self._q.put, wheels=self._wheels)
         stacks = steps.fingerprints() if self.inv.job.environment is None else self._phase("environment", steps.build)
-        if stacks.summary:
-            self._emit(Notice(stacks.summary))
         for node in plan.nodes:
             self.store.update_host(self.run_id, node.index, stack=json.dumps(stacks.records[node.host.name]))
         stacks.check(self.inv)
-        if not stacks.pythons:
-            return plan
-        self.inv = job_env.with_env_pythons(self.inv, stacks.pythons)
-        plan = build_plan(self.inv, self.run_id, master_port=plan.master_port, network=self._network)
-        self.store.update_run(self.run_id, plan=plan_to_dict(plan))
+        if stacks.pythons:  # the plan anew: every host runs its venv's python
+            self.inv = job_env.with_env_pythons(self.inv, stacks.pythons)
+            plan = build_plan(self.inv, self.run_id, master_port=plan.master_port, network=self._network)
+            self.store.update_run(self.run_id, plan=plan_to_dict(plan))
         return plan
 
     def _setup_all(self, plan: LaunchPlan, manifest: Manifest) -> None:
@@ -385,6 +385,8 @@ class Runner:
 
     def _connect_node(self, node: NodePlan) -> HostClient:
         t = time.monotonic()
+        if (known := self.hosts.existing(node.index)) is not None:  # connected already (wheels: controller)
+            return known
         try:
             client = self.hosts.connect(node.index, node.host)
         except Closed:  # the run was abandoned while this host was connecting

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 DESCRIBE = r"""
 import json, platform, sys, sysconfig
@@ -18,6 +19,17 @@ print(json.dumps({"executable": sys.executable, "version": platform.python_versi
                   "libc": libc, "tag": "-".join(t for t in ("%s%d%d" % (impl, sys.version_info[0],
                                                                         sys.version_info[1]), plat, libc) if t)}))
 """
+
+
+def index_reachable(host, port, timeout=2.0):
+    """Whether a TCP connection to the package index opens from here (wheels: auto decides by it)."""
+    import socket
+
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def describe_base(command, timeout=30.0):
@@ -41,3 +53,10 @@ def describe_base(command, timeout=30.0):
         return {"error": "%s printed no description of itself" % command, "command": command}
     found["command"] = command
     return found
+
+
+if __name__ == "__main__":  # wheels: controller or auto, before the push (hosts/client.py: describe_base)
+    found = describe_base(sys.argv[1])
+    if len(sys.argv) > 3:
+        found["index_reachable"] = index_reachable(sys.argv[2], sys.argv[3])
+    print(json.dumps(found))
