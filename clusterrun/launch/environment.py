@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from ..config.environment import (FINGERPRINT_FIELDS, Environment, base_command, environment_key,
+from ..config.environment import (FINGERPRINT_FIELDS, Environment, base_command, content_key, environment_key,
                                   failing_line, index_settings, mismatches)
 from ..config.inventory import Host, Inventory
 from ..errors import EnvBuildError, HostsFailed, PreflightError, StackMismatch
@@ -80,6 +80,38 @@ def _fetch_wheels(inv: Inventory, plan: LaunchPlan, fan_out: FanOut, connect: Ca
             for tag in wheels.folders]
     emit(Notice(f"wheels: {len(wheels.files)} file(s) for {', '.join(said)}; pushed with the job"))
     return wheels
+
+
+def dry_run(inv: Inventory) -> Optional[dict]:
+    """What --dry-run says of job.environment: what would be built where (nothing connects)."""
+    env = inv.job.environment
+    if env is None:
+        return None
+    try:
+        content = requirements_text(inv)
+    except OSError as exc:
+        return {"requirements": env.requirements, "error": str(exc)}
+    index = index_settings(content.decode("utf-8", "replace"), env.wheels)
+    wheels = {"index": "each host installs from its index",
+              "controller": "downloaded here once per distinct host platform (pip download), pushed with the job, "
+                            "installed with --no-index",
+              "auto": "from the index where every host reaches it, else as wheels: controller"}[env.wheels]
+    return {"requirements": env.requirements, "content_key": content_key(content, index), "wheels": env.wheels,
+            "how": wheels, "hosts": {h.name: {"base": base_command(env, h.python), "venv": f"{h.workdir}/envs/KEY"}
+                                     for h in inv.hosts},
+            "note": "KEY hashes the file, the host's base interpreter (version, platform) and the index settings; "
+                    "a host that has that venv uses it as it is (no installer), the others build it (uv where the "
+                    "host has it, else pip) before any rank starts; the ranks, torchrun, setup and notify then run with the "
+                    "venv's python, not the one shown above"}
+
+
+def dry_run_lines(found: Mapping[str, Any]) -> List[str]:
+    if "error" in found:
+        return [f"environment: {found['requirements']}: {found['error']}"]
+    lines = [f"environment {found['requirements']} ({found['content_key'][:8]}…), wheels: {found['wheels']}: "
+             f"{found['how']}"]
+    lines += [f"  {host}: {h['venv']} from {h['base']}" for host, h in found["hosts"].items()]
+    return lines + [f"  {found['note']}"]
 
 
 def env_request(inv: Inventory, base: Mapping[str, object], content: bytes) -> dict:

@@ -113,7 +113,7 @@ def test_a_killed_installer_leaves_no_env_and_a_dead_build_is_swept_by_the_next(
     assert launch.returncode == 1, err
     assert "node1: environment build failed: installing the requirements: python exited by signal SIGKILL" in err
     assert envs_on(cluster, "node1") == []  # neither the env nor its build folder
-    assert not [r for r in cr.run_dirs("node1")]  # nothing half-done: the unstarted run went too
+    assert cr.ps()[0]["id"] not in cr.run_dirs("node1")  # nothing half-done: the unstarted run went too
 
     again = cr.run("launch", inv)
     assert again.returncode == 0, again.stderr
