@@ -364,9 +364,7 @@ def _context(inv: Inventory, observed: List[Observed], listener: Optional[Listen
     pythons, notes = python_results(facts)
     torches, torch_notes = torch_results({h: f["torch"] for h, f in facts.items() if "torch" in f},
                                          {h: f["executable"] for h, f in facts.items()})
-    env = inv.job.environment
-    stacks = stack_results({h: f["stack"] for h, f in facts.items() if "stack" in f},
-                           env.allow_mismatch if env is not None else ())
+    stacks = _stacks(inv, facts)
     hosts = {h.name: h for h in inv.hosts}
     mtus, mtu_notes = mtu_results({h: used_interface(f["net"], hosts[h].ifname, hosts[h].env, inv.job.backend)
                                    for h, f in facts.items() if "net" in f})
@@ -377,6 +375,12 @@ def _context(inv: Inventory, observed: List[Observed], listener: Optional[Listen
                        frozenset(name for _, name in listener.peers) if listener and ready else None,
                        _machine_count(inv) > 1, pythons, torches, stacks, mtus, push_bytes, push_error, relay_seen)
     return context, notes + torch_notes + mtu_notes
+
+
+def _stacks(inv: Inventory, facts: Mapping[str, dict]) -> Mapping[str, CheckResult]:
+    env = inv.job.environment
+    return stack_results({h: f["stack"] for h, f in facts.items() if "stack" in f},
+                         env.allow_mismatch if env is not None else ())
 
 
 def _no_test(listener: Optional[ListenerSeen], rank0: str) -> str:

@@ -20,9 +20,11 @@ from test_inventory import parse
 
 CLI = [sys.executable, "-m", "clusterrun"]
 JOB = textwrap.dedent("""\
-    import argparse, sys, tinypkg
-    p = argparse.ArgumentParser(); p.add_argument("--rank"); p.add_argument("--world-size"); a = p.parse_args()
+    import argparse, sys, time, tinypkg
+    p = argparse.ArgumentParser(); p.add_argument("--rank"); p.add_argument("--world-size")
+    p.add_argument("--sleep", type=float, default=0); a = p.parse_args()
     print("rank", a.rank, "python", sys.executable, "tinypkg", tinypkg.__version__, tinypkg.dep(), flush=True)
+    time.sleep(a.sleep)
 """)
 REQUIREMENTS = "--no-index\n--find-links wheels\ntinypkg==0.3\n"
 
@@ -152,8 +154,8 @@ def project(tmp_path, cr_home, monkeypatch):
     return write_tree(tmp_path, {"job.py": JOB, "requirements.txt": REQUIREMENTS})
 
 
-def inventory(project, **environment):
-    job = {"script": "job.py", "timeout": "60s", "sync": ["wheels/"],
+def inventory(project, args=(), **environment):
+    job = {"script": "job.py", "timeout": "60s", "sync": ["wheels/"], "args": list(args),
            "environment": {"requirements": "requirements.txt", "python": sys.executable, **environment}}
     write_tree(project, {"inv.yaml": inventory_text(
         [{"name": "here0", "workdir": f"{project}/w0"}, {"name": "here1", "workdir": f"{project}/w1"}], job,
@@ -224,3 +226,31 @@ def test_a_base_interpreter_that_a_host_lacks_is_named_before_anything_is_built(
         in done.stderr
     assert "here1: preflight failed" in done.stderr
     assert envs(project) == envs(project, 1) == []
+
+
+def test_clean_collects_unused_envs_and_dead_builds_never_one_a_live_run_uses(project):
+    inv = inventory(project)
+    assert cli("launch", inv).returncode == 0
+    key = [n for n in envs(project) if not n.endswith(".lock")][0]
+    dead = project / "w0" / "envs" / ".build-0123456789abcdef-4242"
+    dead.mkdir()
+    disk = json.loads(cli("ps", "--disk", "--json", "--no-reconcile").stdout)
+    assert disk  # ps --disk asks the hosts' listing, which counts the venvs (usage.envs)
+    kept = cli("clean", inv, "--older-than", "1h", "--json")
+    assert kept.returncode == 0, kept.stderr
+    assert [h["envs"]["removed"] for h in json.loads(kept.stdout)["hosts"]] == [[], []]  # used a moment ago
+    assert [h["usage"]["envs_count"] for h in json.loads(kept.stdout)["hosts"]] == [1, 1]
+    assert not dead.exists()  # a build nobody holds the lock of: gone
+
+    live = cli("launch", inventory(project, args=["--sleep", "30"]), "--detach")
+    assert live.returncode == 0, live.stderr
+    busy = cli("clean", inv, "--cache", "--json")
+    assert [h["envs"] for h in json.loads(busy.stdout)["hosts"]][0]["in_use"] == [key]  # a live run's: stays
+    assert key in envs(project)
+    assert cli("stop", "latest").returncode == 0
+    done = cli("clean", inv, "--cache", "--json")
+    assert done.returncode == 0, done.stderr
+    gone = json.loads(done.stdout)["hosts"]
+    assert [[e["key"] for e in h["envs"]["removed"]] for h in gone] == [[key], [key]]
+    assert gone[0]["envs"]["bytes"] > 1_000_000  # a venv with pip in it
+    assert [n for n in envs(project) if not n.endswith(".lock")] == []
