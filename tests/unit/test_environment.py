@@ -254,3 +254,49 @@ def test_clean_collects_unused_envs_and_dead_builds_never_one_a_live_run_uses(pr
     assert [[e["key"] for e in h["envs"]["removed"]] for h in gone] == [[key], [key]]
     assert gone[0]["envs"]["bytes"] > 1_000_000  # a venv with pip in it
     assert [n for n in envs(project) if not n.endswith(".lock")] == []
+
+
+BUILD_ONE = textwrap.dedent("""\
+    import json, sys
+    from clusterrun.remote.host.env.build import run_environment
+    workdir, run_dir, request = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    answer, ready = run_environment(workdir, run_dir, request, sys.stdin)
+    sys.stderr.write(json.dumps(answer) + "\\n")
+""")
+
+
+def frames(data):
+    out = []
+    while data:
+        n = int.from_bytes(data[:4], "big")
+        out.append(json.loads(data[4:4 + n]))
+        data = data[4 + n:]
+    return out
+
+
+def test_two_builds_of_one_key_at_once_build_once_and_the_other_waits(project, tmp_path):
+    """The host's build step itself (env/build.py), twice at once on one workdir: one builds under the
+    key's lock, the other says it waits, then uses the venv as it is."""
+    workdir = tmp_path / "w"
+    request = {"key": "0123456789abcdef", "base": sys.executable, "requirements": "requirements.txt",
+               "timeout": 300, "installer": "pip", "find_links": [str(project / "wheels")], "no_index": True}
+    procs = []
+    held, keep = os.pipe()  # the controllers' end stays open: a closed one means the controller went away
+    for i in range(2):
+        run_dir = write_tree(tmp_path / f"run{i}", {"job/requirements.txt": "tinypkg==0.3\n"})
+        procs.append(subprocess.Popen([sys.executable, "-c", BUILD_ONE, str(workdir), str(run_dir), json.dumps(request)],
+                                      stdin=held, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    os.close(held)
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()
+        results.append((frames(out), json.loads(err.decode().strip().splitlines()[-1])["environment"]))
+    built = [r for _, r in results if r["built"]]
+    waited = [r for _, r in results if r["waited"]]
+    assert len(built) == 1 and len(waited) == 1 and not waited[0]["built"]  # built once; the other waited
+    steps = [[f["env"]["step"] for f in fs if "env" in f] for fs, _ in results]
+    assert any(s[:1] == ["waiting"] and "installing" not in s for s in steps)
+    os.close(keep)
+    assert sorted(os.listdir(workdir / "envs")) == ["0123456789abcdef", "0123456789abcdef.lock"]
+    assert results[0][1]["python"] == results[1][1]["python"] == f"{workdir}/envs/0123456789abcdef/bin/python"
