@@ -310,7 +310,7 @@ class Runner:
         def watch() -> None:
             if manifest.done() and manifest.exception() is not None:
                 raise manifest.exception()
-            if len(connected) == len(plan.nodes) and len(self._phases) == 0:
+            if len(connected) == len(plan.nodes) and not any(n == "connect" for n, _ in self._phases):
                 self._phases.append(("connect", max(connected) - t0))
                 self._emit(Phase("push"))
             if claims is not None and claims.wait_seconds and self.claims.waited and not announced:
@@ -326,7 +326,7 @@ class Runner:
         waited = self.claims.wait_seconds
         if waited:  # launch --wait: the time in line is not the push's
             self._phases.append(("wait", waited))
-        self._phases.append(("push", time.monotonic() - t0 - self._phases[0][1] - waited))
+        self._phases.append(("push", time.monotonic() - t0 - dict(self._phases)["connect"] - waited))
         self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
 
     def _on_wait(self, status: WaitStatus, first: bool) -> None:
