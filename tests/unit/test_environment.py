@@ -82,6 +82,23 @@ def test_index_settings_are_read_from_the_requirements_file():
                                             "find_links": ["./wheels", "/srv/w"], "no_index": True}
 
 
+def test_controller_wheels_are_asked_for_the_hosts_platform_and_auto_follows_the_hosts_reach():
+    from clusterrun.launch.wheels import download_argv, index_address, platform_tags, uses_controller
+
+    base = {"version": "3.11.2", "implementation": "cp", "platform": "linux_x86_64", "libc": "glibc2.36"}
+    tags = platform_tags(base)
+    assert tags[:2] == ["manylinux_2_36_x86_64", "manylinux_2_35_x86_64"] and tags[-4:] == [
+        "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    argv = download_argv("/py", base, "/job/requirements.txt", "/dest")
+    assert argv[:4] == ["/py", "-m", "pip", "download"] and "--only-binary=:all:" in argv
+    assert argv[argv.index("--python-version") + 1] == "311" and argv.count("--platform") == len(tags)
+    assert index_address("tinypkg==1\n") == ("pypi.org", 443)
+    assert index_address("--index-url http://mirror.lab:8080/simple\n") == ("mirror.lab", 8080)
+    reach = {"a": {"index_reachable": True}, "b": {"index_reachable": False}}
+    assert uses_controller("auto", reach) and not uses_controller("auto", {"a": reach["a"]})
+    assert uses_controller("controller", {"a": reach["a"]}) and not uses_controller("index", reach)
+
+
 # ------------------------------------------------------------------ the fingerprint's rules
 
 STACK = {"python": "3.11.2", "torch": "2.14.1+cu124", "cuda": "12.4", "nccl": "2.21.5", "cudnn": "90100",
