@@ -1,7 +1,8 @@
 """The base interpreter of job.environment as this host has it: found on PATH (python3.11) or at its path,
 described by running it once (version, implementation, platform tag: what the venv's key holds and what
 `pip download --platform` needs for wheels: controller). Sent in the push's facts, so a host that lacks
-it is named before anything is built on the others."""
+it is named before anything is built on the others. Kept under WORKDIR/envs/bases/ (describe_cached), so a
+relaunch starts no interpreter to learn it again."""
 
 import json
 import os
@@ -30,6 +31,40 @@ def index_reachable(host, port, timeout=2.0):
         return True
     except (OSError, ValueError):
         return False
+
+
+def describe_cached(workdir, command):
+    """describe_base, kept in WORKDIR/envs/bases/ by the interpreter's real path and its file's identity
+    (size, mtime, inode): a relaunch starts no interpreter to learn what it knew (an upgrade changes the
+    file, so it is described anew). A missing interpreter is never cached."""
+    import hashlib
+
+    path = command if os.sep in command else shutil.which(command)
+    try:
+        real = os.path.realpath(path) if path else None
+        st = os.stat(real) if real else None
+    except OSError:
+        st = None
+    if st is None:
+        return describe_base(command)
+    ident = json.dumps([command, path, real, st.st_size, st.st_mtime_ns, st.st_ino])
+    cache = os.path.join(workdir, "envs", "bases", hashlib.sha256(ident.encode()).hexdigest()[:16] + ".json")
+    try:
+        with open(cache) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        pass
+    found = describe_base(command)
+    if "error" not in found:
+        try:
+            os.makedirs(os.path.dirname(cache), 0o700, exist_ok=True)
+            tmp = "%s.tmp-%d" % (cache, os.getpid())
+            with open(tmp, "w") as fh:
+                json.dump(found, fh)
+            os.replace(tmp, cache)
+        except OSError:
+            pass
+    return found
 
 
 def describe_base(command, timeout=30.0):
