@@ -1,7 +1,7 @@
 """The base interpreter of job.environment as this host has it: found on PATH (python3.11) or at its path,
 described by running it once (version, implementation, platform tag: what the venv's key holds and what
 `pip download --platform` needs for wheels: controller). Sent in the push's facts, so a host that lacks
-it is named before anything is built on the others. Kept under WORKDIR/envs/bases/ (describe_cached), so a
+it is named before anything is built on the others. Kept under WORKDIR/fingerprints/bases/ (describe_cached), so a
 relaunch starts no interpreter to learn it again."""
 
 import json
@@ -34,7 +34,7 @@ def index_reachable(host, port, timeout=2.0):
 
 
 def describe_cached(workdir, command):
-    """describe_base, kept in WORKDIR/envs/bases/ by the interpreter's real path and its file's identity
+    """describe_base, kept in WORKDIR/fingerprints/bases/ by the interpreter's real path and its file's identity
     (size, mtime, inode): a relaunch starts no interpreter to learn what it knew (an upgrade changes the
     file, so it is described anew). A missing interpreter is never cached."""
     import hashlib
@@ -48,7 +48,7 @@ def describe_cached(workdir, command):
     if st is None:
         return describe_base(command)
     ident = json.dumps([command, path, real, st.st_size, st.st_mtime_ns, st.st_ino])
-    cache = os.path.join(workdir, "envs", "bases", hashlib.sha256(ident.encode()).hexdigest()[:16] + ".json")
+    cache = os.path.join(workdir, "fingerprints", "bases", hashlib.sha256(ident.encode()).hexdigest()[:16] + ".json")
     try:
         with open(cache) as fh:
             return json.load(fh)
