@@ -155,6 +155,35 @@ class SetupError(RemoteCommandError):
     reason = "setup failed"
 
 
+class EnvBuildError(RemoteCommandError):
+    """job.environment's venv could not be built on a host (the installer's own words in the tail); the
+    build folder was removed and nothing was started."""
+
+    reason = "environment build failed"
+
+
+class WheelsError(ClusterrunError):
+    """job.environment.wheels: controller could not download the wheels for a host's platform here (which
+    package, which platform); nothing was pushed."""
+
+    def __init__(self, message: str, hint: str = ""):
+        self.message, self.hint = message, hint
+        super().__init__(message + (f"\n    hint: {hint}" if hint else ""))
+
+
+class StackMismatch(UsageError):
+    """The hosts' stack fingerprints differ (Python, torch, CUDA, NCCL, cuDNN, driver) in a field that
+    job.environment.allow_mismatch does not accept: refused before any rank starts."""
+
+    def __init__(self, rows: Sequence[str], table: str, fix: str):
+        self.rows, self.table, self.fix = tuple(rows), table, fix
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return "\n".join(["the hosts' stacks differ; nothing was started:"] + [f"  {r}" for r in self.rows]
+                         + [self.table, f"  fix: {self.fix}"])
+
+
 class CommandTimeout(RemoteCommandError):
     exit_code = EXIT_CONNECT
     reason = "no answer"

@@ -85,3 +85,29 @@ def inventory_text(hosts: list, job: Dict, defaults: Optional[Dict] = None, **to
     lines += ["hosts:"] + [f"  - {json.dumps(h)}" for h in hosts]
     lines += [f"{key}: {json.dumps(value)}" for key, value in {**top, "job": job}.items()]
     return "\n".join(lines) + "\n"
+
+
+def write_wheel(folder: Path, name: str, version: str, body: str = "", requires: tuple = ()) -> Path:
+    """A pure-Python wheel written by hand (GUIDE §7: no build tools, no index): NAME/__init__.py with
+    __version__ (and body), its METADATA (Requires-Dist for each of requires), WHEEL and RECORD."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"__version__ = {version!r}\n{body}",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                 + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    record = []
+    with zipfile.ZipFile(path, "w") as z:
+        for member, text in files.items():
+            data = text.encode()
+            z.writestr(member, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{member},sha256={digest},{len(data)}")
+        record.append(f"{dist}/RECORD,,")
+        z.writestr(f"{dist}/RECORD", "\n".join(record) + "\n")
+    return path

@@ -29,7 +29,7 @@ from .net_rules import (addr_result, connect_result, dns_result, iface_result, m
 from ..hosts.probe import Listener, ProbeAnswer, Started, reach
 from .rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result, clock_skew,
                     cuda_result, disk_result, port_text, probe_failed, python_results, shell_noise, ssh_failed,
-                    torch_results)
+                    stack_results, torch_results)
 
 PROBE_CONNECT_S = 3.0  # a firewall that drops packets makes the test connection wait this long, at most
 LISTENER_LINGER_S = 1.0  # how long to wait for the listener to report connections the hosts made
@@ -264,6 +264,7 @@ class _Context:
     multi_machine: bool
     pythons: Mapping[str, CheckResult]
     torches: Mapping[str, CheckResult]
+    stacks: Mapping[str, CheckResult]
     mtus: Mapping[str, CheckResult]
     push_bytes: Optional[int]
     push_error: str
@@ -279,6 +280,10 @@ Judge = Callable[[_Context, Observed, dict], CheckResult]
 
 def _python(c: _Context, o: Observed, f: dict) -> CheckResult:
     return c.pythons[o.host.name]
+
+
+def _stack(c: _Context, o: Observed, f: dict) -> CheckResult:
+    return c.stacks.get(o.host.name) or CheckResult("stack", SKIP, "not probed", "", "·")
 
 
 def _torch(c: _Context, o: Observed, f: dict) -> CheckResult:
@@ -345,7 +350,7 @@ def _clock(c: _Context, o: Observed, f: dict) -> CheckResult:
 
 
 # Every check after ssh, in the order of the report's columns (rules.CHECKS must list the same names).
-JUDGES: Dict[str, Judge] = {"python": _python, "torch": _torch, "cuda": _cuda, "port": _port, "connect": _connect,
+JUDGES: Dict[str, Judge] = {"python": _python, "torch": _torch, "cuda": _cuda, "stack": _stack, "port": _port, "connect": _connect,
                             "iface": _iface, "addr": _addr, "dns": _dns, "mtu": _mtu, "disk": _disk,
                             "shared": _shared, "relay": _relay,
                             "clock": _clock}
@@ -359,6 +364,7 @@ def _context(inv: Inventory, observed: List[Observed], listener: Optional[Listen
     pythons, notes = python_results(facts)
     torches, torch_notes = torch_results({h: f["torch"] for h, f in facts.items() if "torch" in f},
                                          {h: f["executable"] for h, f in facts.items()})
+    stacks = _stacks(inv, facts)
     hosts = {h.name: h for h in inv.hosts}
     mtus, mtu_notes = mtu_results({h: used_interface(f["net"], hosts[h].ifname, hosts[h].env, inv.job.backend)
                                    for h, f in facts.items() if "net" in f})
@@ -367,8 +373,14 @@ def _context(inv: Inventory, observed: List[Observed], listener: Optional[Listen
     context = _Context(inv, master_addr, wanted_port, bound.get("port") if bound.get("free") else wanted_port,
                        bound, ready, _no_test(listener, rank0),
                        frozenset(name for _, name in listener.peers) if listener and ready else None,
-                       _machine_count(inv) > 1, pythons, torches, mtus, push_bytes, push_error, relay_seen)
+                       _machine_count(inv) > 1, pythons, torches, stacks, mtus, push_bytes, push_error, relay_seen)
     return context, notes + torch_notes + mtu_notes
+
+
+def _stacks(inv: Inventory, facts: Mapping[str, dict]) -> Mapping[str, CheckResult]:
+    env = inv.job.environment
+    return stack_results({h: f["stack"] for h, f in facts.items() if "stack" in f},
+                         env.allow_mismatch if env is not None else ())
 
 
 def _no_test(listener: Optional[ListenerSeen], rank0: str) -> str:

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import EXIT_CONNECT, EXIT_FAILED, EXIT_OK, AuthError, HostError, HostKeyChanged, HostKeyUnknown
+from ..config.environment import FINGERPRINT_FIELDS, mismatches
 from ..config.sizes import size_text
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-CHECKS = ("ssh", "python", "torch", "cuda", "port", "connect", "iface", "addr", "dns", "mtu", "disk", "shared", "relay",
+CHECKS = ("ssh", "python", "torch", "cuda", "stack", "port", "connect", "iface", "addr", "dns", "mtu", "disk", "shared", "relay",
           "clock")
 SKEW_WARN_S = 1.0  # log lines of different hosts no longer line up, nor do root-cause times
 SKEW_FAIL_S = 30.0  # beyond what TLS and Kerberos tolerate; timestamps across hosts are meaningless
@@ -180,6 +181,31 @@ def python_results(facts: Mapping[str, Mapping]) -> Tuple[Dict[str, CheckResult]
             out[host] = CheckResult("python", OK, detail, "", f["python"],
                                     {"version": f["python"], "executable": f["executable"]})
     return out, [note] if note else []
+
+
+def stack_results(prints: Mapping[str, Mapping], allowed: Sequence[str] = ()) -> Dict[str, CheckResult]:
+    """{host: stack result}: the stack fingerprint (Python, torch, CUDA, NCCL, cuDNN, driver) of every
+    host whose probe read it, each difference named as a launch would refuse it (allowed: accepted)."""
+    odd: Dict[str, List[str]] = {}
+    for m in mismatches({h: p for h, p in prints.items() if "error" not in p}, allowed):
+        common = m.values[0][0]
+        for value, hosts in m.values[1:]:
+            for host in hosts:
+                odd.setdefault(host, []).append(f"{m.field} {value}, the others {common}")
+    out = {}
+    for host, fp in prints.items():
+        if "error" in fp:
+            out[host] = CheckResult("stack", WARN, f"the fingerprint could not be read: {fp['error']}", "", "?")
+            continue
+        detail = ", ".join(f"{f} {fp.get(f) or '-'}" for f in FINGERPRINT_FIELDS)
+        if host in odd:
+            out[host] = CheckResult("stack", FAIL, "; ".join(odd[host]) + f" ({detail})",
+                                    "a launch refuses this (exit 2): install the same versions on every host, give "
+                                    "the job a job.environment, or accept it with job.environment.allow_mismatch",
+                                    ", ".join(t.split(",")[0] for t in odd[host]), dict(fp))
+        else:
+            out[host] = CheckResult("stack", OK, detail, "", "same", dict(fp))
+    return out
 
 
 # ------------------------------------------------------------------ torch and cuda

@@ -35,15 +35,17 @@ class HostClean:
     cache: Optional[dict] = None
     usage: dict = field(default_factory=dict)
     error: Optional[HostError] = None
+    envs: Optional[dict] = None  # job.environment's venvs that went: {removed: [{key, bytes}], in_use, bytes}
 
     @property
     def freed(self) -> int:
-        return sum(r["bytes"] for r in self.removed) + ((self.cache or {}).get("bytes") or 0)
+        return sum(r["bytes"] for r in self.removed) + ((self.cache or {}).get("bytes") or 0) + \
+            ((self.envs or {}).get("bytes") or 0)
 
     def to_json(self) -> dict:
         return {"host": self.host, "removed": self.removed, "refused": self.refused,
                 "kept": [{"id": d.run_id, "why": d.why} for d in self.decisions if not d.remove],
-                "cache": self.cache, "usage": self.usage, "freed": self.freed,
+                "cache": self.cache, "envs": self.envs, "usage": self.usage, "freed": self.freed,
                 "error": str(self.error) if self.error else None}
 
 
@@ -100,12 +102,16 @@ def clean_hosts(hosts: Sequence[Host], store: RunStore, connect: Connect, rules:
         clients[host.name] = connect(host)
         return clients[host.name].runs()
 
+    # venvs no run used for as long as an old run is kept (never for `clean RUN...`); --cache: every unused one
+    envs_age = rules.older_than_s if not rules.runs else None
+
     def remove(host: Host) -> dict:
         gone = [d.run_id for d in out[host.name].decisions if d.remove]
-        if not gone and not cache and cache_max is None:
+        envs = out[host.name].usage.get("envs_count") and (envs_age is not None or cache)
+        if not gone and not cache and cache_max is None and not envs:
             return {"removed": [], "refused": [], "cache": None, "usage": out[host.name].usage}
         return clients[host.name].clean({"remove": gone, "cache": cache, "cache_max": cache_max,
-                                         "dry_run": dry_run})
+                                         "envs_max_age": envs_age, "dry_run": dry_run})
 
     try:
         listed = fan_out(hosts, listing, name=lambda h: h.name, thread_name="clean")
@@ -140,7 +146,7 @@ def _take_listings(out: Dict[str, HostClean], listed: GroupResult, rules: Rules,
 
 def _take_clean(h: HostClean, answer: dict, named: set) -> None:
     """What the host removed, refused and collected; named runs it kept count as refused."""
-    h.removed, h.cache = answer.get("removed", []), answer.get("cache")
+    h.removed, h.cache, h.envs = answer.get("removed", []), answer.get("cache"), answer.get("envs")
     h.usage = {**h.usage, **answer.get("usage", {})}
     h.refused = [r for r in answer.get("refused", []) if not (r.get("missing") and r["id"] not in named)]
     h.refused += [{"id": d.run_id, "why": d.why} for d in h.decisions

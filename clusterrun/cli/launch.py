@@ -84,8 +84,11 @@ def _dry_run(inv: "Inventory", run_id: str, as_json: bool) -> int:
     from ..ui.console import console
     from ..ui.tables import show_plan
 
+    from ..launch.environment import dry_run, dry_run_lines
+
     plan = build_plan(inv, run_id)
     routes = _routes(inv)
+    environment = dry_run(inv)
     err = console(stderr=True)
     for text, style in script_notes(inv):
         err.print(Text(text, style=style))
@@ -95,12 +98,16 @@ def _dry_run(inv: "Inventory", run_id: str, as_json: bool) -> int:
     if as_json:
         data = plan_to_dict(plan)
         data["secrets"] = {name: MASK for name in plan.secret_names}
+        if environment is not None:
+            data["environment"] = environment
         for node in data["nodes"]:
             if node["name"] in routes:
                 node["ssh"] = routes[node["name"]].to_json()
         click.echo(json.dumps(data, indent=2))
     else:
         show_plan(plan, console(stderr=False), {name: t.provenance() for name, t in routes.items()})
+        for line in dry_run_lines(environment) if environment is not None else []:
+            err.print(Text(line))
     return 0
 
 

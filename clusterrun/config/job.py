@@ -12,11 +12,12 @@ import yaml
 
 from ..errors import UsageError
 from . import placeholders
+from .environment import Environment, read_environment
 from .yaml_nodes import NodeReader, describe
 
 JOB_KEYS = ("root", "script", "module", "args", "rank_flags", "launcher", "setup", "restarts", "min_nodes",
             "restart_delay", "checkpoint_dir", "sync", "exclude", "init_method", "backend", "timeout", "time_limit",
-            "hang_timeout", "shared_dir", "outputs", "ports", "start")
+            "hang_timeout", "shared_dir", "outputs", "ports", "start", "environment")
 START_KEYS = ("order", "gap")
 START_ORDERS = ("all", "rank")
 DEFAULT_GAP_S = 1.0  # order: rank without a gap: long enough for a script to take its rank from a counter
@@ -53,6 +54,7 @@ class Job:
     hang_timeout_s: Optional[float] = None  # no rank wrote a line for this long: the run is hung (off: None)
     start_order: str = "all"  # all: every host at once | rank: host after host, rank after rank (launch/start.py)
     start_gap_s: float = 0.0  # order rank: the pause after each host's (and each rank's) start
+    environment: Optional[Environment] = None  # a venv built once per host from a requirements file
 
     @property
     def entry(self) -> Optional[Tuple[str, ...]]:
@@ -122,6 +124,8 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
     outputs = _read_outputs(r, job.node("outputs"))
     ports = _read_ports(r, job.node("ports"))
     order, gap = _read_start(r, job.node("start"))
+    environment = read_environment(r, job.node("environment"),
+                                   lambda node, key, value: _rel_job_path(r, node, key, value, root))
     # A value that failed to read is None (its problem is recorded); the defaults keep the Job well-formed.
     return Job(root=root, script=script, args=args, sync=tuple(_read_sync(r, job.node("sync"), root)),
                exclude=_D.exclude + exclude, init_method=init_method or _D.init_method,
@@ -132,7 +136,7 @@ def read_job(r: NodeReader, node: Optional[yaml.Node], base_dir: str) -> Job:
                setup=setup, restarts=restarts or 0, min_nodes=min_nodes,
                restart_delay_s=_D.restart_delay_s if delay is None else delay, checkpoint_dir=checkpoint_dir,
                outputs=outputs, ports=ports, hang_timeout_s=hang_timeout,
-               start_order=order, start_gap_s=gap)
+               start_order=order, start_gap_s=gap, environment=environment)
 
 
 def _read_start(r: NodeReader, node: Optional[yaml.Node]) -> Tuple[str, float]:
@@ -361,6 +365,13 @@ def _missing(key: str, rel: str, root: str, where: str) -> str:
     return text
 
 
+def _named_paths(job: Job) -> List[Tuple[str, str]]:
+    """(key, path under root) of every file or folder the job names."""
+    named = [("job.script", job.script)] if job.script else [("job.module", p) for p in entry_paths(job)]
+    env = [("job.environment.requirements", job.environment.requirements)] if job.environment else []
+    return named + env + [(f"job.sync[{i}]", s) for i, s in enumerate(job.sync)]
+
+
 def check_files(job: Job, where: str) -> None:
     """The entry point and every sync path exist under the root, and no symlink leads out of it (where: the
     inventory's path, for the message)."""
@@ -370,8 +381,7 @@ def check_files(job: Job, where: str) -> None:
     root = os.path.realpath(job.root)
     if job.module and _module_problem(job):
         problems.append(_module_problem(job))
-    named = [("job.script", job.script)] if job.script else [("job.module", p) for p in entry_paths(job)]
-    for key, rel in named + [(f"job.sync[{i}]", s) for i, s in enumerate(job.sync)]:
+    for key, rel in _named_paths(job):
         full = os.path.join(job.root, rel)
         if not os.path.lexists(full):
             if key != "job.module":  # the module's own problem says it better

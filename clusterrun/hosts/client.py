@@ -7,6 +7,7 @@ program is installed once per host and version, on the first command that finds 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .pull import PullStream
 
 T = TypeVar("T")
+with open(os.path.join(os.path.dirname(remote.__file__), "host", "env", "base.py"), encoding="utf-8") as _fh:
+    BASE_SOURCE = _fh.read()  # run as `python -c`: its __main__ part describes the interpreter it is given
 
 
 class HostClient:
@@ -139,6 +142,17 @@ class HostClient:
 
         return self._with_program(attempt)
 
+    def describe_base(self, command: str, index: Optional[Tuple[str, int]] = None) -> dict:
+        """job.environment's base interpreter on this host, described as the push's facts would (and
+        whether the package index answers from there): for wheels: controller or auto, before the push."""
+        argv = [self.host.python, "-c", BASE_SOURCE, command] + ([index[0], str(index[1])] if index else [])
+        done = self.transport.run(argv, timeout=self.timeouts.command)
+        found = _last_json(done.stdout)
+        if done.exit_code != 0 or not isinstance(found, dict):
+            raise self._command_failed("cannot describe job.environment's base interpreter", done.exit_code,
+                                       done.stderr)
+        return found
+
     def free_port(self) -> int:
         return int(self.call("free-port")["port"])
 
@@ -235,7 +249,8 @@ class HostClient:
     def push(self, attempt_key: str, manifest: Manifest, progress: Callable[[int], None] = lambda n: None,
              want_port: bool = False, check_port: Optional[int] = None, master_addr: str = "",
              relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False,
-             hold: bool = True, claim: Optional[Tuple[dict, Any, int]] = None) -> "HeldPush":
+             hold: bool = True, claim: Optional[Tuple[dict, Any, int]] = None,
+             env_base: Optional[str] = None) -> "HeldPush":
         """Push the job and keep the channel for the start: one command per host for push and start.
         Dropping the HeldPush (abandon) makes the host remove the run it received; hold=False ends the
         command after the push instead (the run folder stays, unstarted; a later `start` starts it). The
@@ -244,11 +259,12 @@ class HostClient:
         push that fails tells the chain, so the other hosts stop waiting for this one. coordinator: rank
         0's host binds the supervisors' meeting port now, so every host can be started at once. claim:
         (the request, the launch's ClaimGroup, this host's place in it): the host claims its share before
-        any byte is sent, and every host's answer meets in the group (launch/claiming.py)."""
+        any byte is sent, and every host's answer meets in the group (launch/claiming.py). env_base:
+        job.environment's base interpreter, which the host describes in its facts (or says is missing)."""
         try:
             result, stream, answer = self._with_program(lambda: self._push_once(
                 attempt_key, manifest, progress, hold, want_port, check_port, master_addr, relay, coordinator,
-                claim))
+                claim, env_base))
         except BaseException as exc:
             if relay is not None:
                 relay[0].fail(relay[1])
@@ -264,7 +280,7 @@ class HostClient:
     def _push_once(self, attempt_key: str, manifest: Manifest, progress: Callable[[int], None], hold: bool,
                    want_port: bool, check_port: Optional[int], master_addr: str,
                    relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False,
-                   claim: Optional[Tuple[dict, Any, int]] = None):
+                   claim: Optional[Tuple[dict, Any, int]] = None, env_base: Optional[str] = None):
         t0 = time.monotonic()
         stream = self.transport.open(self.argv("receive", attempt_key))
         channel = PushChannel(stream, self.label, self.host, self.timeouts)
@@ -274,7 +290,8 @@ class HostClient:
             answer = channel.offer({**manifest.wire(), "hold": hold, "free_port": want_port,
                                           "check_port": check_port, "master_addr": master_addr,
                                           "addr": self.host.master_addr, "relay": relay is not None,
-                                          "coordinator": coordinator, "claim": claim[0] if claim else None})
+                                          "coordinator": coordinator, "claim": claim[0] if claim else None,
+                                          "env_base": env_base})
             if claim is not None:
                 answer = channel.claim(answer, claim[1], claim[2])
             channel.raise_error(answer)

@@ -13,7 +13,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from ..config.inventory import Job, entry_paths
@@ -160,11 +160,17 @@ class HashCache:
         self._dirty = False
 
 
-def build_manifest(job: Job, cache: HashCache) -> Manifest:
-    """Every file to push: the script and the sync paths, minus excludes; symlinks must stay inside root."""
+def build_manifest(job: Job, cache: HashCache, extra: Optional[Mapping[str, str]] = None) -> Manifest:
+    """Every file to push: the script and the sync paths, minus excludes; symlinks must stay inside root.
+    extra: job-relative path → a file elsewhere here (wheels: controller's downloads), pushed as job files."""
     walk = _Walk(job, cache)
-    for rel in entry_paths(job) + [s.rstrip("/") for s in job.sync]:
+    env = [job.environment.requirements] if job.environment else []  # the venv is built from it on the host
+    for rel in entry_paths(job) + env + [s.rstrip("/") for s in job.sync]:
         walk.add_path(rel)
+    for rel, full in sorted((extra or {}).items()):
+        parts = rel.split("/")
+        walk.dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        walk.add_file(rel, full)
     cache.save()
     return walk.manifest()
 

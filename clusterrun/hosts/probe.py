@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from ..errors import HostError
 from ..transport import Stream, StreamClosed, Transport
+from ..remote.host.env.fingerprint import PROBE as FINGERPRINT_PROBE  # the stack fingerprint, as a launch reads it
 from .failures import exchange, failure
 
 _REMOTE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "remote")
@@ -30,6 +31,7 @@ def _source(*parts: str) -> str:
 # the interface choice and a port's holder ride along as source: check finds them exactly as a launch's
 # push does
 PROBE_SOURCE: bytes = (f"TORCH_SNIPPET = {_source('torch_probe.py')!r}\n"
+                       f"STACK_SNIPPET = {FINGERPRINT_PROBE!r}\n"
                        f"IFACES_SOURCE = {_source('host', 'net', 'ifaces.py')!r}\n"
                        f"HOLDER_SOURCE = {_source('host', 'net', 'holder.py')!r}\n" + _source("probe.py")).encode()
 

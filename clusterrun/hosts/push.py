@@ -1,15 +1,15 @@
 """One push on one host, over the open channel of its `receive` command (remote/host/push/receive.py): the
 manifest offered, the claim exchange, the missing objects sent (or left to the relay chain's plan), and
 what the push leaves: its figures (`PushResult`) and, while the host waits on the same channel for the
-word, a `HeldPush` (start, wait in line, job.setup, or abandon). `HostClient.push` drives it."""
+word, a `HeldPush` (start, wait in line, job.environment, job.setup, or abandon). `HostClient.push` drives it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..config.inventory import Host, Timeouts
-from ..errors import PushError, SetupError, StartError
+from ..errors import EnvBuildError, PushError, SetupError, StartError
 from ..transport import Stream, StreamClosed
 from .failures import exchange
 from .manifest import Manifest, objects_to_send, read_chunks
@@ -152,6 +152,19 @@ class SetupResult:
     run_id: Optional[str] = None  # in which run
 
 
+@dataclass(frozen=True)
+class EnvResult:
+    """job.environment on one host (remote/host/env/build.py's answer)."""
+
+    python: str  # the venv's interpreter: the ranks, torchrun, setup and notify run with it
+    key: str
+    built: bool  # False: the venv was there (a relaunch runs no installer)
+    waited: bool  # another launch was building it; this one waited and used it
+    seconds: float
+    installer: Optional[str]  # "uv" or "pip": the one that built it
+    fingerprint: Dict[str, Any]
+
+
 class HeldPush:
     """A host that has the job and waits, on the same channel, for the word to start it."""
 
@@ -240,6 +253,39 @@ class HeldPush:
                              hint="nothing was started; fix the command (or the host) and launch again")
         return SetupResult(skipped=bool(done.get("skipped")), seconds=float(done.get("seconds") or 0.0),
                            ran_at=done.get("ran_at"), run_id=done.get("run_id"))
+
+    def environment(self, request: dict, on_event: Callable[[dict], None], silence_s: float) -> EnvResult:
+        """Use or build job.environment's venv on the host (remote/host/env/build.py); its progress to
+        on_event as it comes; a failed build raises EnvBuildError with the installer's last lines."""
+        answer = self._exchange("environment", request, on_event, silence_s)
+        if "error" in answer:
+            hint = {"disk_full": "free space in the host's workdir (or point workdir: at a bigger disk)",
+                    "timeout": "raise timeouts.setup, or build with wheels: controller"}.get(
+                answer.get("kind"), "fix the requirements file (or the host) and launch again; nothing was started")
+            raise EnvBuildError(self.label, answer["error"], output_tail="\n".join(answer.get("tail") or []),
+                                hint=hint)
+        return EnvResult(python=answer["python"], key=answer["key"], built=bool(answer.get("built")),
+                         waited=bool(answer.get("waited")), seconds=float(answer.get("seconds") or 0.0),
+                         installer=answer.get("installer"), fingerprint=dict(answer.get("fingerprint") or {}))
+
+    def fingerprint(self, silence_s: float) -> Dict[str, Any]:
+        """The host's stack fingerprint for its plain python: (remote/host/env/fingerprint.py, cached there)."""
+        return dict(self._exchange("fingerprint", {}, lambda m: None, silence_s))
+
+    def _exchange(self, kind: str, request: dict, on_event: Callable[[dict], None], silence_s: float) -> dict:
+        """One step of the held session that may take a while: the host beats or reports until it answers."""
+        stream = self._stream
+        if stream is None:
+            raise StartError(self.label, "the push's channel is gone")
+        with exchange(self.label, silent=f"{kind}: no word from the host for {silence_s:g} s",
+                      lost=f"connection lost during the {kind} step"):
+            stream.write(pack_msg({kind: request}), self.timeouts.command)
+            while True:
+                message = read_msg(stream, silence_s)
+                if kind in message:
+                    return message[kind]
+                if "env" in message:
+                    on_event(message["env"])
 
     def abandon(self) -> None:
         """Do not start: the host removes what it received."""

@@ -6,7 +6,7 @@ and which hosts of the attempt have started (those are the ones an undo stops)."
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from ..config.inventory import Host
 from ..hosts.client import HostClient
@@ -41,6 +41,10 @@ class HostSet:
         if old is not None:
             old.close()
         return client
+
+    def existing(self, index: int) -> Optional[HostClient]:
+        with self._lock:
+            return self._clients.get(index)
 
     def client(self, index: int) -> HostClient:
         with self._lock:

@@ -12,6 +12,7 @@ from ..errors import HostError, HostsFailed, PreflightError
 from ..config.inventory import Inventory
 from ..events import Notice
 from ..plan import LaunchPlan, build_plan, interfaces_text
+from .environment import BASE_HINT
 
 
 def preflight(inv: Inventory, facts: Mapping[int, Mapping]) -> List[CheckProblem]:
@@ -21,6 +22,10 @@ def preflight(inv: Inventory, facts: Mapping[int, Mapping]) -> List[CheckProblem
     problems: List[CheckProblem] = []
     for node_rank in sorted(facts):
         found = [pythons[names[node_rank]]]
+        base = facts[node_rank].get("env_base")
+        if isinstance(base, dict) and "error" in base:  # said before anything is built on the other hosts
+            problems.append(CheckProblem(names[node_rank], node_rank, "environment", FAIL,
+                                         f"job.environment's base interpreter: {base['error']}", BASE_HINT))
         if "port" in facts[node_rank]:
             found.append(port_text(facts[node_rank]["port"], inv.master_port, names[node_rank]))
         problems += [CheckProblem(names[node_rank], node_rank, r.name, r.status, r.detail, r.hint)

@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..config.inventory import Host, Inventory, inventory_snapshot
 from .. import outcome
@@ -34,6 +34,7 @@ from ..states import Cleanup, HostState, RunState
 from . import restarts
 from .start import start_all, start_steps
 from .job_setup import run_setup
+from . import environment as job_env
 from .job_outputs import pull_outputs
 from .job_ports import PortForwards
 from .claiming import LaunchClaims, prepare_failure, wait_mesh
@@ -81,6 +82,7 @@ class Runner:
         self._wait_port: Optional[int] = None  # where they meet (rank 0's host, bound during the push)
         self._network: Dict[int, dict] = {}  # by inventory index: the interface its push found (plan.net_choice)
         self._forwarding: Optional[PortForwards] = None  # job.ports, while an attached run lives
+        self._wheels: Optional[job_env.Wheels] = None  # wheels: controller's, pushed with the job
 
     # -------------------------------------------------------------- signals
 
@@ -104,9 +106,13 @@ class Runner:
         self._plan = plan
         try:
             # what to push is worked out while the connections are being made
-            manifest = background(build_manifest, self.inv.job, self._hash_cache, thread_name="manifest")
+            self._wheels = job_env.fetch_wheels(self.inv, plan, self._phase, self._fan_out, self._connect_node,
+                                                self.store.home, self._emit)  # wheels: controller's, then pushed
+            manifest = background(build_manifest, self.inv.job, self._hash_cache, self._wheels and self._wheels.files,
+                                  thread_name="manifest")
             self._prepare(plan, manifest)
             plan = self._plan = self._preflight(plan)
+            plan = self._plan = self._stacks(plan)
             if self.inv.job.setup:
                 self._phase("setup", lambda: self._setup_all(plan, manifest.result()))
             self._handoff = self.claims.handed_off
@@ -234,6 +240,21 @@ class Runner:
         self.store.update_run(self.run_id, plan=plan_to_dict(plan))
         return plan
 
+    def _stacks(self, plan: LaunchPlan) -> LaunchPlan:
+        """job.environment's venv on every host, or the plain pythons' fingerprints: compared (environment.py)."""
+        steps = job_env.Steps(self.inv, plan, self.hosts.held, self._fan_out,
+                              log_copy=lambda host: self.store.aux_log_path(plan.run_id, host, "environment"),
+                              lines=self._q.put, wheels=self._wheels)
+        stacks = steps.fingerprints() if self.inv.job.environment is None else self._phase("environment", steps.build)
+        for node in plan.nodes:
+            self.store.update_host(self.run_id, node.index, stack=json.dumps(stacks.records[node.host.name]))
+        stacks.check(self.inv)
+        if stacks.pythons:  # the plan anew: every host runs its venv's python
+            self.inv = job_env.with_env_pythons(self.inv, stacks.pythons)
+            plan = build_plan(self.inv, self.run_id, master_port=plan.master_port, network=self._network)
+            self.store.update_run(self.run_id, plan=plan_to_dict(plan))
+        return plan
+
     def _setup_all(self, plan: LaunchPlan, manifest: Manifest) -> None:
         """job.setup on every host at once, output streamed as `[host setup]`; any failure stops the launch
         before a rank starts (every failing host named)."""
@@ -255,12 +276,13 @@ class Runner:
     def _elapsed(self) -> float:
         return time.monotonic() - self._t0
 
-    def _phase(self, name: str, body: Callable[[], None]) -> None:
+    def _phase(self, name: str, body: Callable[[], Any]) -> Any:
         t = time.monotonic()
         self._emit(Phase(name))
-        body()
+        result = body()
         self._phases.append((name, time.monotonic() - t))
         self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
+        return result
 
     def _prepare(self, plan: LaunchPlan, manifest: "Future[Manifest]") -> None:
         """Connect to every host and push to each as soon as it is connected: no barrier between the two,
@@ -289,7 +311,7 @@ class Runner:
         def watch() -> None:
             if manifest.done() and manifest.exception() is not None:
                 raise manifest.exception()
-            if len(connected) == len(plan.nodes) and len(self._phases) == 0:
+            if len(connected) == len(plan.nodes) and not any(n == "connect" for n, _ in self._phases):
                 self._phases.append(("connect", max(connected) - t0))
                 self._emit(Phase("push"))
             if claims is not None and claims.wait_seconds and self.claims.waited and not announced:
@@ -305,7 +327,7 @@ class Runner:
         waited = self.claims.wait_seconds
         if waited:  # launch --wait: the time in line is not the push's
             self._phases.append(("wait", waited))
-        self._phases.append(("push", time.monotonic() - t0 - self._phases[0][1] - waited))
+        self._phases.append(("push", time.monotonic() - t0 - dict(self._phases)["connect"] - waited))
         self.store.update_run(self.run_id, phases={n: round(s, 4) for n, s in self._phases})
 
     def _on_wait(self, status: WaitStatus, first: bool) -> None:
@@ -364,6 +386,8 @@ class Runner:
 
     def _connect_node(self, node: NodePlan) -> HostClient:
         t = time.monotonic()
+        if (known := self.hosts.existing(node.index)) is not None:  # connected already (wheels: controller)
+            return known
         try:
             client = self.hosts.connect(node.index, node.host)
         except Closed:  # the run was abandoned while this host was connecting
@@ -382,11 +406,13 @@ class Runner:
 
         self.store.update_host(self.run_id, node.index, state=HostState.PUSHING)
         rank0 = node.node_rank == 0
+        base = job_env.env_base(self.inv, node.host)  # the host describes it in its facts (or says it lacks it)
+        env_base = {"env_base": base} if base else {}
         held = self._client(node.index).push(
             self.run_id, manifest, progress, want_port=rank0 and plan.master_port is None,
             check_port=plan.master_port if rank0 else None, master_addr=plan.master_addr,
             relay=(relay, node.node_rank) if relay is not None else None, coordinator=rank0 and len(plan.nodes) > 1,
-            claim=self.claims.of(plan, node))
+            claim=self.claims.of(plan, node), **env_base)
         if self.claims.waited:
             self.store.update_run(self.run_id, state=RunState.STARTING)
         self.hosts.hold(node.node_rank, held)

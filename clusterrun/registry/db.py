@@ -21,7 +21,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS hosts (
   run_id TEXT, node_rank INTEGER, name TEXT, state TEXT, cleanup TEXT, error TEXT, supervisor_pid INTEGER,
   pushed_bytes INTEGER, push_seconds REAL, restarts INTEGER, relayed_bytes INTEGER, push_detail TEXT,
-  PRIMARY KEY (run_id, node_rank));
+  stack TEXT, PRIMARY KEY (run_id, node_rank));
 CREATE TABLE IF NOT EXISTS ranks (
   run_id TEXT, rank INTEGER, node_rank INTEGER, host TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
   started_at REAL, ended_at REAL, pid INTEGER, note TEXT, stop_reason TEXT, PRIMARY KEY (run_id, rank));
@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS attempts (
 # columns added after schema 1 first shipped, for registries that predate them
 _ADDED_COLUMNS = (("runs", "phases TEXT"), ("hosts", "pushed_bytes INTEGER"), ("hosts", "push_seconds REAL"),
                   ("hosts", "restarts INTEGER"), ("ranks", "stop_reason TEXT"), ("runs", "attempt INTEGER"),
-                  ("runs", "restarts INTEGER"), ("hosts", "relayed_bytes INTEGER"), ("hosts", "push_detail TEXT"))
+                  ("runs", "restarts INTEGER"), ("hosts", "relayed_bytes INTEGER"), ("hosts", "push_detail TEXT"),
+                  ("hosts", "stack TEXT"))
 
 
 class Db:

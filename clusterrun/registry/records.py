@@ -45,13 +45,14 @@ class HostRecord:
     restarts: int = 0  # launcher torchrun: how often it restarted this host's workers
     relayed_bytes: int = 0  # relay push: object bytes this host got from another host, not from the controller
     push_detail: Optional[Dict[str, Any]] = None  # where the push's time went on the host (its wall clock)
+    stack: Optional[Dict[str, Any]] = None  # the stack fingerprint it ran on, and job.environment's venv
 
     def to_json(self) -> dict:
         return {"node_rank": self.node_rank, "name": self.name, "state": self.state.value,
                 "cleanup": self.cleanup.value if self.cleanup else None, "error": self.error,
                 "supervisor_pid": self.supervisor_pid, "pushed_bytes": self.pushed_bytes,
                 "push_seconds": self.push_seconds, "restarts": self.restarts, "relayed_bytes": self.relayed_bytes,
-                "push_detail": self.push_detail}
+                "push_detail": self.push_detail, "stack": self.stack}
 
 
 @dataclass(frozen=True)

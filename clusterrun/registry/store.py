@@ -162,7 +162,8 @@ class RunStore:
             cleanup=Cleanup(h["cleanup"]) if h["cleanup"] else None, error=h["error"],
             supervisor_pid=h["supervisor_pid"], pushed_bytes=h["pushed_bytes"], push_seconds=h["push_seconds"],
             restarts=h["restarts"] or 0, relayed_bytes=h["relayed_bytes"] or 0,
-            push_detail=json.loads(h["push_detail"]) if h["push_detail"] else None)
+            push_detail=json.loads(h["push_detail"]) if h["push_detail"] else None,
+            stack=json.loads(h["stack"]) if h["stack"] else None)
             for h in self._db.rows("SELECT * FROM hosts WHERE run_id = ? ORDER BY node_rank", (run_id,)))
         attempt = row["attempt"] or 0
         ranks = tuple(RankResult.from_record(r, self.log_file(run_id, r["rank"], attempt))

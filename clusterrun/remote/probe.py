@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import platform
+import re
 import select
 import shutil
 import signal
@@ -27,7 +28,7 @@ import types
 
 LOOKUP_TIMEOUT = 3.0  # a name lookup gives up here (a dead DNS): check itself stays bounded
 
-# TORCH_SNIPPET (remote/torch_probe.py, run in a child), IFACES_SOURCE (remote/host/net/ifaces.py: the
+# TORCH_SNIPPET (remote/torch_probe.py, run in a child), STACK_SNIPPET (the stack fingerprint), IFACES_SOURCE (remote/host/net/ifaces.py: the
 # interface launch picks, picked the same way here) and HOLDER_SOURCE (remote/host/net/holder.py: who
 # listens on a port, named as the launch's preflight names it) are put in front of this source with OPTIONS.
 
@@ -49,6 +50,25 @@ def python_facts():
     return {"python": platform.python_version(), "executable": sys.executable,
             "implementation": platform.python_implementation(), "hostname": socket.gethostname(),
             "uid": os.getuid() if hasattr(os, "getuid") else None}
+
+
+def stack_facts():
+    """The stack fingerprint, read as a launch reads it (STACK_SNIPPET: remote/host/env/fingerprint.py's
+    PROBE, no torch import), and the NVIDIA driver's version where there is one."""
+    space = {}
+    try:
+        exec(compile(globals()["STACK_SNIPPET"], "<fingerprint>", "exec"), space)
+        found = space["found"]
+    except Exception as exc:
+        return {"error": "%s: %s" % (type(exc).__name__, exc)}
+    found["driver"] = None
+    try:
+        with open("/proc/driver/nvidia/version") as fh:
+            m = re.search(r"Kernel Module\s+(\d+(?:\.\d+)+)", fh.read())
+            found["driver"] = m.group(1) if m else None
+    except OSError:
+        pass
+    return found
 
 
 def disk_facts(workdir):
@@ -219,6 +239,7 @@ def cmd_facts(opts):
     torch_proc = start_torch(opts.get("env")) if opts.get("torch") else None
     facts = python_facts()
     facts["disk"] = disk_facts(opts["workdir"])
+    facts["stack"] = stack_facts()
     facts["net"] = network_facts(opts)
     if torch_proc is not None:
         facts["torch"] = finish_torch(torch_proc, opts.get("torch_timeout", 30.0))

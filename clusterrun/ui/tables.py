@@ -295,8 +295,10 @@ def _cache_text(h: HostClean) -> str:
     from ..config.sizes import size_text
 
     cache = h.cache or {}
-    return "busy (a push held it)" if cache.get("busy") else \
+    text = "busy (a push held it)" if cache.get("busy") else \
         (f"{cache.get('removed', 0)} objects, {size_text(cache.get('bytes', 0))}" if h.cache else "-")
+    envs = (h.envs or {}).get("removed") or []
+    return text + (f"; {len(envs)} env(s), {size_text(h.envs.get('bytes', 0))}" if envs else "")
 
 
 def _kept_text(h: HostClean) -> str:

@@ -83,6 +83,10 @@ class FakeHeld:
         self.h.followed_on_push = True
         return self.start(spec), FakeStream(self.h)
 
+    def fingerprint(self, silence_s):
+        """The host's stack fingerprint (hosts/push.py): every fake host has the same one."""
+        return {"python": "3.11.2", "torch": "2.13.0+cpu", "cuda": None, "nccl": None, "cudnn": None, "driver": None}
+
     def abandon(self):
         self.h.world.calls.append(("abandon", self.h.name))
 

@@ -10,7 +10,8 @@ checked by tests/unit/test_layout.py).
   push/     getting a job onto this host
     receive RUN             receive the job by content hash into RUN/job (framed stdin/stdout; objects may
                             come from another host: relay.py; the preflight's facts: facts.py); when asked,
-                            hold the channel (held.py): run job.setup (job_setup.py), start the run on a
+                            hold the channel (held.py): job.environment's venv (env/build.py) or the plain
+                            python's fingerprint, run job.setup (job_setup.py), start the run on a
                             later message or hand it to a detached waiter, then (an attached launch) follow
                             it there as `follow` would
   run/      running it
@@ -24,7 +25,10 @@ checked by tests/unit/test_layout.py).
     runs                    list every run folder here: status, bytes, log sizes; the cache; free space
     clean                   remove the run folders named on stdin (re-checked), collect the cache
                             (cache.py: the content cache and its index; lock.py: the cache's and a run
-                            folder's locks)
+                            folder's locks), and the venvs no live run uses (env/usage.py)
+  env/      the job's Python environment (no command of its own: steps of the held session)
+                            base.py: the base interpreter described (the push's facts); build.py: the venv
+                            of a key under WORKDIR/envs, built once; fingerprint.py: the stack fingerprint
   observe/  watching it (state.py: a run's state read back from its files, an orphan's end finished)
     follow RUN OFFSETS      stream log bytes from offsets, exit records and heartbeats as frames on stdout
     status RUN              print the run's state on this host as JSON

@@ -21,7 +21,8 @@ from .runs import cache_dir, cache_objects, cache_usage, disk, live_markers, sta
 
 def cmd_clean(workdir):
     """Remove the run folders named on stdin ({"remove": [ids], "cache": bool, "cache_max": bytes or null,
-    "dry_run": bool}) that may go, then collect the cache; say what was (or would be) freed."""
+    "envs_max_age": seconds or null, "dry_run": bool}) that may go, then collect the cache and the venvs
+    no live run uses (env/usage.py; all of them with "cache"); say what was (or would be) freed."""
     request = json.loads(sys.stdin.buffer.read().decode() or "{}")
     dry = bool(request.get("dry_run"))
     runs_dir = os.path.join(workdir, "runs")
@@ -43,8 +44,14 @@ def cmd_clean(workdir):
     if request.get("cache") or request.get("cache_max") is not None:
         cache = sweep(workdir, dry, gone_links, request.get("cache_max"), request.get("wait", LOCK_WAIT),
                       everything=bool(request.get("cache")))
+    envs = None
+    if request.get("envs_max_age") is not None or request.get("cache"):
+        from ..env.usage import collect
+
+        envs = collect(workdir, lambda run_dir: status(run_dir, markers)[0] not in ("finished", "unstarted"),
+                       request.get("envs_max_age"), bool(request.get("cache")), dry)
     n, size, _, _ = cache_usage(workdir)
-    reply({"removed": removed, "refused": refused, "cache": cache, "dry_run": dry,
+    reply({"removed": removed, "refused": refused, "cache": cache, "envs": envs, "dry_run": dry,
            "usage": dict(disk(workdir), cache=size, cache_objects=n)})
     return 0
 

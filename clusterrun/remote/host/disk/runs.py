@@ -214,7 +214,11 @@ def cmd_runs(workdir):
             entry["outputs_found"] = _selects_any(run_dir, spec["outputs"])
         runs.append(entry)
     n, size, free_n, free_size = cache_usage(workdir)
-    reply({"runs": runs, "usage": dict(disk(workdir), runs=total_own, cache=size, cache_objects=n,
-                                       cache_unreferenced=free_size, cache_unreferenced_objects=free_n),
+    from ..env.usage import listing
+
+    envs = listing(workdir)
+    reply({"runs": runs, "envs": envs,
+           "usage": dict(disk(workdir), runs=total_own, cache=size, cache_objects=n, cache_unreferenced=free_size,
+                         cache_unreferenced_objects=free_n, envs=sum(e["bytes"] for e in envs), envs_count=len(envs)),
            "now": time.time()})
     return 0

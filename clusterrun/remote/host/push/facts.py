@@ -8,14 +8,18 @@ import os
 import socket
 import sys
 
+from ..env.base import describe_base, describe_cached
 from ..net.claimed import run_on_port
 from ..net.holder import port_holder
 from ..net.ifaces import find as find_interface
 
 
-def host_facts(port, master_addr, workdir=""):
-    """What launch's preflight needs to know, found while the push goes on (no extra round trip)."""
+def host_facts(port, master_addr, workdir="", env_base=None):
+    """What launch's preflight needs to know, found while the push goes on (no extra round trip).
+    env_base: job.environment's base interpreter, described (or its absence said: env/base.py)."""
     facts = {"python": sys.version.split()[0], "executable": sys.executable}  # as platform.python_version()
+    if env_base:
+        facts["env_base"] = describe_cached(workdir, env_base) if workdir else describe_base(env_base)
     facts["net"] = find_interface(master_addr)  # network: {ifname: auto} (net/ifaces.py)
     if port:  # rank 0's fixed master port must be free, bound the way torch's store binds it
         family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET

@@ -4,6 +4,8 @@ per host. End of input at any point before the start means the controller is gon
 no half-made run stays (the run folder and the objects this push added go).
 
 Protocol (framed JSON messages, wire.read_msg/send_msg, after the push's {ok} answer):
+  controller → {environment: {...}};  host → env/build.py's messages   (only where job.environment is set)
+  controller → {fingerprint: {}};  host → {fingerprint: {...}}          (a plain python: env/fingerprint.py)
   controller → {setup: {...}};  host → job_setup.py's messages        (only where job.setup is set)
   controller → {start: spec};   host → {state}                         (run/start.py)
                {start: spec, follow: offsets} (an attached launch): then the run's follow frames on this
@@ -20,12 +22,25 @@ import os
 from ..run.start import start_run
 from ..wire import Fail, read_msg, send_msg
 from .job_setup import run_setup
+from ..env.build import run_environment
+from ..env.fingerprint import of_interpreter as interpreter_fingerprint
 
 
 def hold(push):
     """After the push's answer: the setup, then the start (or the waiter), then perhaps the follow."""
     try:
         message = read_msg(push.stdin)
+        if "environment" in message:
+            answer, ready = run_environment(push.workdir, push.run_dir, message["environment"], push.stdin)
+            if not ready:
+                push.undo()  # nothing half-done stays (the controller has the log's lines), then the answer
+                send_msg(answer)
+                return
+            send_msg(answer)
+            message = read_msg(push.stdin)
+        if "fingerprint" in message:
+            send_msg({"fingerprint": interpreter_fingerprint(push.workdir)})
+            message = read_msg(push.stdin)
         if "setup" in message:
             run_setup(push.workdir, push.run_dir, message["setup"], push.stdin)
             message = read_msg(push.stdin)

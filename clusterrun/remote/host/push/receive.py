@@ -4,11 +4,11 @@ the run's job folder is built from hard links to them.
 
 Protocol (framed JSON messages, wire.read_msg/send_msg; object bytes raw in between):
   controller → manifest {files: [[rel, sha256, size, exec]], dirs, symlinks, hold, free_port, check_port,
-                         master_addr}
+                         master_addr, env_base (job.environment's base interpreter, described in the facts)}
   host       → {missing: [sha256...], repaired: [sha256...], port, facts (facts.py)}  or  {error, kind, path}
   controller → the missing objects' bytes, back to back, in the order asked
   host       → {ok, received, objects, files}  or  {error, kind, path}
-  (hold only) the held session: the setup, the start or the wait, the follow (held.py)
+  (hold only) the held session: the environment, the setup, the start or the wait, the follow (held.py)
 With a claim request in the manifest ("claim", share/session.py) the host first claims its share of this
 host (or answers busy, or queues), the first answer says what it took, and the controller's word
 ({confirm} or {requeue}) comes before any object; the run folder is made only after {confirm}. The
@@ -175,7 +175,8 @@ class Push:
                   "port": free_port() if manifest.get("free_port") else None,
                   "relay_port": server.getsockname()[1] if server else None,
                   "coordinator_port": self.coordinator.getsockname()[1] if self.coordinator else None,
-                  "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""), self.workdir),
+                  "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""), self.workdir,
+                                     manifest.get("env_base")),
                   "claim": self.claim.answer() if self.claim is not None else None,
                   "wait_port": self.wait_server.getsockname()[1] if self.wait_server else None})
         return server
