@@ -13,7 +13,7 @@ from ..errors import EXIT_CONNECT, EXIT_FAILED, EXIT_OK, AuthError, HostError, H
 from ..config.sizes import size_text
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-CHECKS = ("ssh", "python", "torch", "cuda", "port", "connect", "iface", "addr", "dns", "mtu", "disk", "shared", "relay",
+CHECKS = ("ssh", "python", "torch", "cuda", "gpu", "port", "connect", "iface", "addr", "dns", "mtu", "disk", "shared", "relay",
           "clock")
 SKEW_WARN_S = 1.0  # log lines of different hosts no longer line up, nor do root-cause times
 SKEW_FAIL_S = 30.0  # beyond what TLS and Kerberos tolerate; timestamps across hosts are meaningless

@@ -36,6 +36,7 @@ from .job_setup import run_setup
 from .job_outputs import pull_outputs
 from .job_ports import PortForwards
 from .claiming import LaunchClaims, prepare_failure, wait_mesh
+from .gpu_gate import gate_for
 from .hostset import Closed, HostSet
 from .monitor import Monitor
 from .preflight import checked_plan, preflight
@@ -270,18 +271,23 @@ class Runner:
 
         relay = relay_for_push(self.inv.relay, len(plan.nodes), self.inv.timeouts)  # hosts pass the push on
         claims = self.claims.begin(plan)
+        gate = gate_for(self.inv, plan.nodes, self._post) if plan.attempt == 0 else None
         announced: List[bool] = []
 
         def prepare(node: NodePlan) -> None:
             try:
-                self._connect_node(node)
+                client = self._connect_node(node)
             except BaseException as exc:
                 if relay is not None:  # never arrives: the other hosts stop waiting for it
                     relay.fail(node.node_rank)
                 if claims is not None:
                     claims.fail(0, f"{node.host.name}: {exc}")
+                if gate is not None:
+                    gate.fail(node.index)
                 raise
             connected.append(time.monotonic())
+            if gate is not None and not gate.passes(node, client, self.claims, relay, claims):
+                return  # another host's GPUs failed: nothing is pushed anywhere
             self._push(node, manifest.result(), plan, relay if relay is not None and
                        relay.pays(manifest.result()) else None)
 

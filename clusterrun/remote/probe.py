@@ -2,7 +2,8 @@
 
 Usage (by the controller, never by hand): python - COMMAND [TAG] < (OPTIONS line + probe.py)
 
-  facts   everything `clusterrun check` wants to know about this host (torch in a child process)
+  facts   everything `clusterrun check` wants to know about this host (torch in a child process; the
+          GPU preflight where the run uses GPUs)
   reach   a TCP connection to MASTER_ADDR:MASTER_PORT, and the token file in the shared folder
   listen  (rank 0's host) bind the master port, accept the other hosts' test connections, print each
 
@@ -29,7 +30,8 @@ LOOKUP_TIMEOUT = 3.0  # a name lookup gives up here (a dead DNS): check itself s
 
 # TORCH_SNIPPET (remote/torch_probe.py, run in a child), IFACES_SOURCE (remote/host/net/ifaces.py: the
 # interface launch picks, picked the same way here) and HOLDER_SOURCE (remote/host/net/holder.py: who
-# listens on a port, named as the launch's preflight names it) are put in front of this source with OPTIONS.
+# listens on a port, named as the launch's preflight names it) and GPU_SOURCE (remote/host/share/gpu_health.py:
+# the GPU preflight, as a launch runs it) are put in front of this source with OPTIONS.
 
 
 def say(obj):
@@ -220,6 +222,8 @@ def cmd_facts(opts):
     facts = python_facts()
     facts["disk"] = disk_facts(opts["workdir"])
     facts["net"] = network_facts(opts)
+    if opts.get("gpu"):  # while torch imports in its child
+        facts["gpu"] = source_module("gpu_health", "GPU_SOURCE").check(opts["gpu"])
     if torch_proc is not None:
         facts["torch"] = finish_torch(torch_proc, opts.get("torch_timeout", 30.0))
     say({"facts": facts})

@@ -24,6 +24,7 @@ COMMANDS = {
     "free-port": ("net.free_port", "cmd_free_port", ""),
     "bandwidth": ("net.bandwidth", "cmd_bandwidth", ""),
     "claims": ("share.claims", "cmd_claims", ""),
+    "gpu-check": ("share.gpu_health", "cmd_gpu_check", ""),
 }
 # commands that do not answer a JSON line: receive and pull speak framed messages, follow frames
 FAIL_AS = {"receive": send_msg, "pull": send_msg, "follow": fail_frame}
