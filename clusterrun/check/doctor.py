@@ -300,9 +300,8 @@ def _cuda(c: _Context, o: Observed, f: dict) -> CheckResult:
 
 def _gpu(c: _Context, o: Observed, f: dict) -> CheckResult:
     if "gpu" not in f:
-        why = "gpu_check: false in the inventory" if o.host.gpus is not None and not o.host.gpu_check else \
-            "--no-gpu-check" if o.host.gpus is not None else ""
-        return gpu_result(None) if not why else CheckResult("gpu", SKIP, f"skipped ({why})", "", "·")
+        skipped = CheckResult("gpu", SKIP, "skipped (gpu_check: false, or --no-gpu-check)", "", "·")
+        return gpu_result(None) if o.host.gpus is None else skipped
     return gpu_result(c.gpus.get(o.host.name))
 
 

@@ -1,5 +1,5 @@
 """A stand-in torch for the GPU preflight's CUDA op on hosts without a GPU (tests only): just what
-clusterrun's op calls. Its mode is the words of $STANDIN_GPU_MODE (default /opt/standin/mode), as for the
+clusterrun's op calls. Its mode is the words of the file `mode` in the folder above it, as for the
 stand-in nvidia-smi: op-fail=N (GPU N raises CUDA's ECC error), op-hang=N (GPU N never synchronizes),
 op-slow=N (GPU N takes 20x as long), gpus=N (how many GPUs it sees; default 2)."""
 import os
@@ -10,7 +10,7 @@ __version__ = "2.13.0+standin"
 
 def _mode():
     try:
-        with open(os.environ.get("STANDIN_GPU_MODE", "/opt/standin/mode")) as fh:
+        with open(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "mode")) as fh:
             words = fh.read().split()
     except OSError:
         words = []
