@@ -145,11 +145,13 @@ class GpuGate:
         return self._counts[index]
 
     def _decide(self, node: NodePlan, h: HostGpus) -> Optional[Tuple[int, ...]]:
-        for text in h.warned() + [f"{h.host}: {n}" for n in h.notes]:
+        for text in h.warned():
             self._post(Notice(f"GPU preflight: {text}", "warning"))
+        if h.status == OK:  # one line of evidence per host (what was not checked in it)
+            self._post(Notice(f"GPU preflight: {h.host}: {gpu_result(h).detail}", "info"))
+        elif h.notes:
+            self._post(Notice(f"GPU preflight: {h.host}: {'; '.join(h.notes)}", "info"))
         if h.status != FAIL:
-            if h.status == OK:
-                self._post(Notice(f"GPU preflight: {h.host}: {gpu_result(h).detail}", "info"))
             return None
         instead = usable(h, self.requests[node.index]["gpus"], self._count(node.index))
         if instead is None:

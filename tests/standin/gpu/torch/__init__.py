@@ -31,7 +31,7 @@ class _Tensor:
         self.dev = dev
 
     def __matmul__(self, other):
-        time.sleep(0.02 if _is("op-slow", self.dev.index) else 0.001)
+        time.sleep(0.2 if _is("op-slow", self.dev.index) else 0.01)  # long enough that load does not halve it
         return self
 
     def float(self):
@@ -67,3 +67,11 @@ class cuda:
     def synchronize(dev=None):
         if dev is not None and _is("op-hang", dev.index):
             time.sleep(3600)
+
+    @staticmethod
+    def get_device_name(index=0):
+        return "NVIDIA A100-SXM4-80GB (stand-in)"
+
+
+class version:
+    cuda = "12.2"
