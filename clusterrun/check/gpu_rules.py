@@ -227,10 +227,15 @@ def judge_host(host: str, wanted: Union[str, Sequence[int]], answer: Mapping) ->
                         (why,), notes=notes)
     reported = {g["index"]: g for g in smi["gpus"]}
     indices = sorted(reported) if wanted == "auto" else list(wanted)
-    gpus = tuple(judge_gpu(host, reported[i], xid.get("events") or (), op) if i in reported else
-                 _not_reported(host, i, reported) for i in indices)
+    by_gpu, held = _holder_warnings(answer.get("holders") or ())
+    gpus = tuple(_with_holders(judge_gpu(host, reported[i], xid.get("events") or (), op), by_gpu.get(i, ()))
+                 if i in reported else _not_reported(host, i, reported) for i in indices)
     return HostGpus(host, gpus, tuple(_version_failures(smi) + ([] if indices else ["nvidia-smi reports no GPU"])),
-                    notes=notes, driver=smi.get("driver"), cuda=smi.get("cuda"))
+                    tuple(held), notes=notes, driver=smi.get("driver"), cuda=smi.get("cuda"))
+
+
+def _with_holders(v: GpuVerdict, held: Sequence[str]) -> GpuVerdict:
+    return replace(v, warnings=v.warnings + tuple(held)) if held else v
 
 
 def _xid_notes(xid: Mapping) -> Tuple[str, ...]:
@@ -319,14 +324,47 @@ def gpu_result(h: Optional[HostGpus]) -> CheckResult:
     return CheckResult("gpu", OK, what + notes, "", f"{len(h.gpus)} GPU", data)
 
 
-def gpu_request(host: "Host", command_timeout: float) -> Optional[dict]:
+def gpu_request(host: "Host", command_timeout: float, run: str = "") -> Optional[dict]:
     """What a host's `gpu-check` (or check's probe) is asked, None where the run uses no GPU there or
-    the inventory turned the check off (gpu_check: false). Its deadlines fit in one remote command's."""
+    the inventory turned the check off (gpu_check: false). Its deadlines fit in one remote command's;
+    run: the launch's own run id (its processes are not leftovers)."""
     if host.gpus is None or not host.gpu_check:
         return None
     return {"gpus": list(host.gpus) if isinstance(host.gpus, tuple) else host.gpus, "python": host.python,
             "env": dict(host.env), "smi_timeout": min(10.0, command_timeout / 4),
-            "op_timeout": min(40.0, command_timeout / 2)}
+            "op_timeout": min(40.0, command_timeout / 2), "leftovers": leftovers_request(host, run)}
+
+
+def leftovers_request(host: "Host", run: str = "", kill: str = "") -> dict:
+    """What a host's `leftovers` is asked (remote/host/share/leftovers.py)."""
+    return {"devices": host.gpu_devices, "claims_dir": host.claims_dir or "", "run": run, "kill": kill}
+
+
+def holder_text(h: Mapping) -> str:
+    """`pid 4242 (python worker.py, user cr, 1200 MiB) left by ended run 20261202-1200-ab12: `clusterrun clean
+    --leftovers 20261202-1200-ab12` ends it`: one holder of a GPU device, as every view says it."""
+    mem = f", {h['mem_mib']:.0f} MiB" if h.get("mem_mib") else ""
+    who = f"pid {h.get('pid')} ({(h.get('command') or '?')[:60]}, user {h.get('user')}{mem})"
+    words = {"ended-run": f"left by ended run {h.get('run')}: `clusterrun clean --leftovers {h.get('run')}` ends it",
+             "live-run": f"of live run {h.get('run')}", "this-run": "of this run",
+             "claim": f"of {h.get('user')}'s live run {h.get('run')} (its claim)"}.get(h.get("label") or "",
+                                                                                  "not a clusterrun run's")
+    return f"{who} {words}"
+
+
+def _holder_warnings(holders: Sequence[Mapping]) -> Tuple[Dict[int, List[str]], List[str]]:
+    """Warnings of the processes that hold GPUs (not this run's own), by GPU index, and for the host."""
+    by_gpu: Dict[int, List[str]] = {}
+    host: List[str] = []
+    for h in holders:
+        if h.get("label") == "this-run":
+            continue
+        text = "held by " + holder_text(h)
+        for i in h.get("gpus") or ():
+            by_gpu.setdefault(int(i), []).append(text)
+        if not h.get("gpus"):
+            host.append("a GPU device " + text)
+    return by_gpu, host
 
 
 def request_seconds(request: Mapping) -> float:

@@ -36,10 +36,10 @@ WAIT_EXTRA_S = 30.0  # past the slowest host's own deadline: the others stop wai
 class GpuGate:
     """Where the GPU hosts' answers meet (see the module docstring); one per launch."""
 
-    def __init__(self, inv: Inventory, nodes: Sequence[NodePlan], post: Callable[[object], None]):
+    def __init__(self, inv: Inventory, nodes: Sequence[NodePlan], post: Callable[[object], None], run_id: str = ""):
         self.requests: Dict[int, dict] = {}
         for node in nodes:
-            request = gpu_request(node.host, inv.timeouts.command)
+            request = gpu_request(node.host, inv.timeouts.command, run_id)
             if request is not None:
                 self.requests[node.index] = request
         self._names = {n.index: n.host.name for n in nodes}
@@ -173,7 +173,8 @@ def _hint(h: HostGpus, node: NodePlan) -> str:
             "slots:; --no-gpu-check skips the check")
 
 
-def gate_for(inv: Inventory, nodes: Sequence[NodePlan], post: Callable[[object], None]) -> Optional[GpuGate]:
+def gate_for(inv: Inventory, nodes: Sequence[NodePlan], post: Callable[[object], None],
+             run_id: str = "") -> Optional[GpuGate]:
     """The launch's gate, None where no host's run uses GPUs or every host skips the check."""
-    gate = GpuGate(inv, nodes, post)
+    gate = GpuGate(inv, nodes, post, run_id)
     return gate if gate.requests else None

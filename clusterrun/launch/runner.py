@@ -271,7 +271,7 @@ class Runner:
 
         relay = relay_for_push(self.inv.relay, len(plan.nodes), self.inv.timeouts)  # hosts pass the push on
         claims = self.claims.begin(plan)
-        gate = gate_for(self.inv, plan.nodes, self._post) if plan.attempt == 0 else None
+        gate = gate_for(self.inv, plan.nodes, self._post, plan.run_id) if plan.attempt == 0 else None
         announced: List[bool] = []
 
         def prepare(node: NodePlan) -> None:

@@ -9,14 +9,16 @@ runs it from its source (GPU_SOURCE) on hosts where the host program is not inst
 
 Protocol (`gpu-check`, one JSON request on stdin, one JSON line answered):
   request  {"gpus": "auto" | [indices], "python": the run's Python, "env": the host's env:,
-            "smi": "nvidia-smi", "smi_timeout": s, "op_timeout": s, "kmsg": "/dev/kmsg", "op": true}
+            "smi": "nvidia-smi", "smi_timeout": s, "op_timeout": s, "kmsg": "/dev/kmsg", "op": true,
+            "leftovers": the `leftovers` request (its devices, the asking run, the claims folder)}
   answer   {"smi": {"driver", "cuda", "gpus": [{"index", "uuid", "name", "bus_id", "persistence",
                     "temp", "temp_slow", "ecc_mode", "volatile": {counter: value}, "aggregate": {...},
                     "retired_pending", "remap_pending", "remap_failure", "throttle": {reason: value}}]}
                    | {"error": why nvidia-smi gave nothing},
             "xid": {"readable": bool, "source", "events": [{"bus_id", "xid", "text"}]} | {"readable": false, "error"},
             "op": {"results": [{"index", "ok", "tflops", "seconds", "error"}], "error": why none ran,
-                   "timeout": s}}
+                   "timeout": s},
+            "holders": the processes that hold the GPUs (share/leftovers.py; not in check's probe)}
 """
 
 import json
@@ -283,9 +285,13 @@ def check(request):
     return answer
 
 
-def cmd_gpu_check():
-    from ..wire import reply  # not at the top: check's probe runs this module from its source alone
+def cmd_gpu_check(workdir):
+    # not at the top: check's probe runs this module from its source alone (no holders there)
+    from ..wire import reply
+    from .leftovers import scan
 
     request = json.loads(sys.stdin.read() or "{}")
-    reply(check(request))
+    answer = check(request)
+    answer["holders"], answer["hidden"] = scan(workdir, request.get("leftovers") or {})
+    reply(answer)
     return 0
