@@ -149,3 +149,83 @@ def test_launch_with_a_hanging_nvidia_smi_fails_and_no_gpu_check_skips(cr, healt
     done = cr.run("launch", inv, "--no-gpu-check", timeout=150)
     assert done.returncode == 0, done.stderr
     assert ranks_gpus(done.stdout) == {0: "0", 1: "0", 2: "0", 3: "0"}
+
+
+# ------------------------------------------------------------------ leftovers
+
+DEVICES = "/tmp/standin-dev/nvidia*"  # stand-in device files: what the leftovers check treats as /dev/nvidia*
+HOLD = "python3 -c 'import sys, time; f = open(sys.argv[1]); print(\"up\", flush=True); time.sleep(300)' {dev}"
+
+
+def node1_inventory(cr, name, **job):
+    def only_node1(hosts):
+        hosts[:] = [h for h in hosts if h["name"] == "node1"]
+    return cr.inventory(name, defaults={"gpu_devices": DEVICES, "env": {"STANDIN_DEVICE": "/tmp/standin-dev/nvidia0",
+                                                                        "PYTHONPATH": FOLDER}},
+                        job={"script": "leftover.py", **job}, edit_hosts=only_node1)
+
+
+def holders(cr, target, *extra):
+    done = cr.run("clean", "--leftovers", target, "--json", *extra, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return {x["pid"]: x for x in json.loads(done.stdout)["leftovers"]}
+
+
+@pytest.fixture
+def devices(cluster):
+    cluster.exec("node1", ["sh", "-c", "mkdir -p /tmp/standin-dev && : > /tmp/standin-dev/nvidia0"])
+    yield
+    cluster.exec("node1", ["rm", "-rf", "/tmp/standin-dev"])
+
+
+def test_a_leftover_of_a_crashed_run_is_named_and_clean_kills_only_it(cr, cluster, ssh, healthy, devices):
+    unknown = ssh("node1").spawn(HOLD.format(dev="/tmp/standin-dev/nvidia0"))  # not clusterrun's: left alone
+    assert unknown.readline(timeout=20).strip() == "up"
+    inv = node1_inventory(cr, "leftover.yaml")
+    done = cr.run("launch", inv, "--detach", timeout=120)
+    assert done.returncode == 0, done.stderr
+    run = done.stdout.strip().splitlines()[-1].split()[-1]
+    found = {}
+
+    def child_holds():
+        found.update(holders(cr, str(inv), "--dry-run"))
+        return any(x["label"] == "live-run" and x["run"] == run for x in found.values())
+    deadline = time.monotonic() + 30
+    while not child_holds():
+        assert time.monotonic() < deadline, found
+        time.sleep(0.5)
+    leftover = next(pid for pid, x in found.items() if x["run"] == run)
+    assert found[unknown.pid]["label"] == "unknown" and found[leftover]["gpus"] == [0]
+    # the supervisor dies (a crash): its rank dies with it, the child that left the group stays
+    rc, out, _ = cluster.exec("node1", ["cat", f".clusterrun/runs/{run}/state.json"])
+    cluster.exec("node1", ["kill", "-KILL", str(json.loads(out)["supervisor"]["pid"])])
+    deadline = time.monotonic() + 30
+    while holders(cr, str(inv), "--dry-run").get(leftover, {}).get("label") != "ended-run":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    # the next launch's GPU preflight names it, with the fix
+    gpu_inv = cr.inventory("gpus.yaml", defaults={"gpus": [0], "gpu_devices": DEVICES, "env": {"PYTHONPATH": FOLDER}},
+                           job={"script": "gpus.py"}, edit_hosts=lambda hs: hs.__setitem__(
+                               slice(None), [h for h in hs if h["name"] == "node1"]))
+    done = cr.run("launch", gpu_inv, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "GPU preflight: node1 GPU 0: held by pid " in done.stderr and f"held by pid {leftover} (" in done.stderr
+    assert f"left by ended run {run}: `clusterrun clean --leftovers {run}` ends it" in done.stderr
+    assert f"held by pid {unknown.pid} (" in done.stderr and "not a clusterrun run's" in done.stderr
+    print("\n" + "\n".join(line for line in done.stderr.splitlines() if "held by" in line))
+    # clean --leftovers RUN: exactly that run's marked process
+    after = holders(cr, run)
+    assert [pid for pid, x in after.items() if x["killed"]] == [leftover]
+    assert not after[unknown.pid]["killed"]
+    left = holders(cr, str(inv), "--dry-run")
+    assert leftover not in left and unknown.pid in left
+    shown = cr.run("clean", "--leftovers", str(inv), "--dry-run", timeout=60)
+    print(shown.stderr)
+
+
+def test_the_supervisors_teardown_ends_a_child_that_left_its_rank(cr, healthy, devices):
+    inv = node1_inventory(cr, "exit.yaml", args=["--exit"])
+    done = cr.run("launch", inv, timeout=120)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split("left pid ")[1].split()[0])
+    assert pid not in holders(cr, str(inv), "--dry-run")  # gone with its run: nothing left holding the GPU
