@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 if TYPE_CHECKING:
     from ..config.hosts import Host
 
+from ..hosts.leftovers import holder_text, leftovers_request
 from .rules import FAIL, OK, SKIP, WARN, CheckResult, disagreement
 
 TEMP_WARN_C = 85  # when the board does not say where it slows down
@@ -333,23 +334,6 @@ def gpu_request(host: "Host", command_timeout: float, run: str = "") -> Optional
     return {"gpus": list(host.gpus) if isinstance(host.gpus, tuple) else host.gpus, "python": host.python,
             "env": dict(host.env), "smi_timeout": min(10.0, command_timeout / 4),
             "op_timeout": min(40.0, command_timeout / 2), "leftovers": leftovers_request(host, run)}
-
-
-def leftovers_request(host: "Host", run: str = "", kill: str = "") -> dict:
-    """What a host's `leftovers` is asked (remote/host/share/leftovers.py)."""
-    return {"devices": host.gpu_devices, "claims_dir": host.claims_dir or "", "run": run, "kill": kill}
-
-
-def holder_text(h: Mapping) -> str:
-    """`pid 4242 (python worker.py, user cr, 1200 MiB) left by ended run 20261202-1200-ab12: `clusterrun clean
-    --leftovers 20261202-1200-ab12` ends it`: one holder of a GPU device, as every view says it."""
-    mem = f", {h['mem_mib']:.0f} MiB" if h.get("mem_mib") else ""
-    who = f"pid {h.get('pid')} ({(h.get('command') or '?')[:60]}, user {h.get('user')}{mem})"
-    words = {"ended-run": f"left by ended run {h.get('run')}: `clusterrun clean --leftovers {h.get('run')}` ends it",
-             "live-run": f"of live run {h.get('run')}", "this-run": "of this run",
-             "claim": f"of {h.get('user')}'s live run {h.get('run')} (its claim)"}.get(h.get("label") or "",
-                                                                                  "not a clusterrun run's")
-    return f"{who} {words}"
 
 
 def _holder_warnings(holders: Sequence[Mapping]) -> Tuple[Dict[int, List[str]], List[str]]:

@@ -4,46 +4,12 @@ marker every rank carries; never by name, never another user's or an unmarked pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
-from ..check.gpu_rules import holder_text, leftovers_request
 from ..config.inventory import Host
 from ..errors import HostError
 from ..hosts.group import on_hosts
-
-KILLABLE = "ended-run"
-
-
-@dataclass(frozen=True)
-class Leftover:
-    """One process that holds a GPU device on a host, as the host labelled it."""
-
-    host: str
-    pid: int
-    user: str
-    label: str  # this-run | ended-run | live-run | claim | unknown
-    run: str
-    command: str
-    gpus: Tuple[int, ...]
-    devices: Tuple[str, ...]
-    mem_mib: float = 0.0
-    killed: bool = False
-
-    @classmethod
-    def from_wire(cls, host: str, d: Mapping, killed: Sequence[int] = ()) -> "Leftover":
-        return cls(host, int(d["pid"]), str(d.get("user") or ""), str(d.get("label") or "unknown"),
-                   str(d.get("run") or ""), str(d.get("command") or ""), tuple(int(i) for i in d.get("gpus") or ()),
-                   tuple(d.get("devices") or ()), float(d.get("mem_mib") or 0.0), int(d["pid"]) in set(killed))
-
-    def text(self) -> str:
-        return holder_text({"pid": self.pid, "user": self.user, "label": self.label, "run": self.run,
-                            "command": self.command, "mem_mib": self.mem_mib})
-
-    def to_json(self) -> dict:
-        return {"host": self.host, "pid": self.pid, "user": self.user, "label": self.label, "run": self.run,
-                "command": self.command, "gpus": list(self.gpus), "devices": list(self.devices),
-                "mem_mib": self.mem_mib, "killed": self.killed}
+from ..hosts.leftovers import Leftover, leftovers_request
 
 
 def leftovers(hosts: Sequence[Host], connect: Callable[[Host], object], kill: str = ""

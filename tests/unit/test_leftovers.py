@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from clusterrun.check.gpu_rules import holder_text, judge_host
-from clusterrun.clean.leftovers import Leftover
+from clusterrun.hosts.leftovers import Leftover
 from clusterrun.remote.host.procs import MARKER_ENV, end_members, same_process, start_ticks
 from clusterrun.remote.host.share import leftovers
 from support import wait_for
