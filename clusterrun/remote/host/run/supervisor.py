@@ -15,6 +15,7 @@ import time
 
 from ..files import read_json, write_json_atomic
 from ..paths import exit_path
+from . import flight
 from ..procs import MARKER_ENV, attempt_key, end_members, group_alive, process_marker, start_ticks
 from ..secrets import scrub_run
 from ..observe.state import followed_within
@@ -69,6 +70,9 @@ class Supervisor:
         out = dict(os.environ)
         out.update(env)
         out[MARKER_ENV] = process_marker(self.spec)
+        for name in flight.PATH_ENV:  # the Flight Recorder's files go to the run folder (plan.flight_recorder_env)
+            if out.get(name, "").startswith("~"):
+                out[name] = os.path.expanduser(out[name])
         folder = out.get("CLUSTERRUN_CHECKPOINT_DIR")
         if folder:
             folder = os.path.expanduser(folder)
