@@ -125,14 +125,15 @@ load_batch() if rank == 3 else all_reduce()
 """
 
 
-def test_a_hang_names_the_rank_behind_and_its_sequence_number(tmp_path):
+def test_a_hang_names_the_rank_behind_and_its_sequence_number(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{DUMPS.parent / 'gpu'}{os.pathsep}{os.environ['PATH']}")  # the stand-in nvidia-smi
     c = HostClient(make_host(tmp_path / "w"), LocalTransport("node3"), Timeouts(command=20))
     run = "20261202-000000-0fr0"
     c.push(run, project(tmp_path, {"job.py": JOB.encode()}), hold=False)
     folder = tmp_path / "w" / "runs" / run
     job = folder / "job" / "job.py"
     s = spec(run, [(r, [sys.executable, str(job), str(r), str(DUMPS)]) for r in range(4)], grace=1.0,
-             hang_timeout=2.0, node="node3")
+             hang_timeout=2.0, node="node3", uses_gpus=True)
     for r in s["ranks"]:
         r["env"].update(flight_recorder_env("nccl", str(folder), {}))
     try:
@@ -145,6 +146,8 @@ def test_a_hang_names_the_rank_behind_and_its_sequence_number(tmp_path):
     assert {r: v["seq"] for r, v in hang["nccl"]["ranks"].items()} == {"0": 640, "1": 640, "2": 640, "3": 639}
     assert hang["nccl"]["cause"] == ("ranks 0-2 at all_reduce #640 (started); rank 3 (node3) behind at all_reduce "
                                      "#639 (completed)")
+    assert hang["gpus"] == {"gpus": [{"index": 0, "util_pct": 97.0, "used_mib": 4.0, "total_mib": 81920.0},
+                                     {"index": 1, "util_pct": 0.0, "used_mib": 4.0, "total_mib": 81920.0}]}
     records = {r: json.loads((folder / f"rank-{r}.exit").read_text()) for r in range(4)}
     assert records[3]["nccl"]["seq"] == 639
     ranks = [outcome.RankResult.from_exit(r, 0, "node3", info, clock_offset=0.0) for r, info in records.items()]

@@ -13,7 +13,8 @@ rank still runs:
      it as its stop_reason.
 The stacks come before the stop, on every host: a rank whose peer died first would be somewhere else.
 Each host writes what it took to RUN/stacks/hang.json (the `stacks` answer's form, observe/stacks.py;
-with NCCL, each rank's last collective from the Flight Recorder's dumps under "nccl": flight.py),
+with NCCL, each rank's last collective from the Flight Recorder's dumps under "nccl": flight.py; where
+the run uses GPUs, their utilisation and memory at that moment under "gpus": share/gpus.snapshot),
 a note with each rank's stack into that rank's log, a line into supervisor.log, and each rank's main
 thread frames into its exit record ("stack"), from which the controller folds the root cause
 (`rank 2 on a3 in slow_loader (job.py:12); ranks 0-1,3 in all_reduce`: clusterrun/stacks.py, outcome.py).
@@ -25,6 +26,7 @@ import os
 
 from ..files import write_json_atomic
 from ..paths import log_path, run_root, stacks_dir
+from ..share.gpus import snapshot
 from . import flight
 
 HUNG = "hung: no output for %s"
@@ -144,7 +146,8 @@ class HangWatch:
         self.collectives = (nccl or {}).get("ranks") or {}
         path = os.path.join(stacks_dir(sup.run_dir), "hang.json")
         try:
-            write_json_atomic(path, dict({"reason": reason, "ranks": entries}, **({"nccl": nccl} if nccl else {})))
+            extra = dict({"nccl": nccl} if nccl else {}, **({"gpus": snapshot()} if sup.spec.get("uses_gpus") else {}))
+            write_json_atomic(path, dict({"reason": reason, "ranks": entries}, **extra))
         except OSError as exc:
             sup.log("hang watch: cannot write %s: %s" % (path, exc))
         for entry in entries:
