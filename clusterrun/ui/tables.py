@@ -348,3 +348,11 @@ def show_leftovers(found, errors, dry_run: bool, out: Console, target: str = "*"
         out.print(Text(f"{host}: {exc}", style="bold red"))
     if dry_run:
         out.print(Text("dry run: nothing was killed", style="dim"))
+
+
+def show_gpu_holders(found, out: Console) -> None:
+    """`ps --hosts`: a line for each process that holds a GPU device (`node1 GPU 0: held by pid ...`)."""
+    for x in found:
+        where = f"GPU {','.join(map(str, x.gpus))}" if x.gpus else ",".join(x.devices)
+        style = "yellow" if x.label in ("ended-run", "unknown") else ""
+        out.print(Text(f"{x.host} {where}: held by {x.text()}", style=style))

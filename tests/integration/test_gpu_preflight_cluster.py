@@ -203,6 +203,11 @@ def test_a_leftover_of_a_crashed_run_is_named_and_clean_kills_only_it(cr, cluste
     while holders(cr, str(inv), "--dry-run").get(leftover, {}).get("label") != "ended-run":
         assert time.monotonic() < deadline
         time.sleep(0.5)
+    # ps --hosts lists the holders on hosts whose runs use GPUs
+    ps_inv = cr.inventory("ps.yaml", defaults={"gpus": [0], "gpu_devices": DEVICES})
+    shown = cr.run("ps", "--hosts", ps_inv, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"node1 GPU 0: held by pid {leftover} (" in shown.stdout and f"left by ended run {run}" in shown.stdout
     # the next launch's GPU preflight names it, with the fix
     gpu_inv = cr.inventory("gpus.yaml", defaults={"gpus": [0], "gpu_devices": DEVICES, "env": {"PYTHONPATH": FOLDER}},
                            job={"script": "gpus.py"}, edit_hosts=lambda hs: hs.__setitem__(
