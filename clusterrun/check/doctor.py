@@ -25,7 +25,7 @@ from ..hosts.client import HostClient, make_connect
 from ..hosts.group import background, fan_out
 from ..hosts.relay import relay_wanted
 from .gpu_rules import HostGpus, gpu_request, gpu_result, judge_all
-from .net_rules import (addr_result, connect_result, dns_result, iface_result, mtu_results, relay_result,
+from .net_rules import (addr_result, ib_notes, connect_result, dns_result, iface_result, mtu_results, relay_result,
                         shared_result, used_interface)
 from ..hosts.probe import Listener, ProbeAnswer, Started, reach
 from .rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result, clock_skew,
@@ -382,7 +382,8 @@ def _context(inv: Inventory, observed: List[Observed], listener: Optional[Listen
                        bound, ready, _no_test(listener, rank0),
                        frozenset(name for _, name in listener.peers) if listener and ready else None,
                        _machine_count(inv) > 1, pythons, torches, mtus, gpus, push_bytes, push_error, relay_seen)
-    return context, notes + torch_notes + mtu_notes + gpu_notes
+    ib = ib_notes(facts, inv.job.backend, inv.hosts)
+    return context, notes + torch_notes + mtu_notes + gpu_notes + ib
 
 
 def _no_test(listener: Optional[ListenerSeen], rank0: str) -> str:

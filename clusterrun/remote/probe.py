@@ -88,6 +88,36 @@ def _lstat(path):
         return None
 
 
+def ib_facts(root="/sys/class/infiniband"):
+    """InfiniBand/RoCE devices and their ports: [{"device", "ports": [{"port", "state", "link_layer",
+    "rate"}]}] ([] where there are none)."""
+    out = []
+    try:
+        devices = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for device in devices:
+        ports = []
+        try:
+            names = sorted(os.listdir(os.path.join(root, device, "ports")))
+        except OSError:
+            names = []
+        for port in names:
+            folder = os.path.join(root, device, "ports", port)
+            ports.append(dict((key, _first_line(os.path.join(folder, key))) for key in ("state", "link_layer", "rate")))
+            ports[-1]["port"] = port
+        out.append({"device": device, "ports": ports})
+    return out
+
+
+def _first_line(path):
+    try:
+        with open(path) as fh:
+            return fh.readline().strip()
+    except OSError:
+        return ""
+
+
 def ifaces_module():
     """remote/host/net/ifaces.py, from its source in front of this one."""
     return source_module("ifaces", "IFACES_SOURCE")
@@ -222,6 +252,7 @@ def cmd_facts(opts):
     facts = python_facts()
     facts["disk"] = disk_facts(opts["workdir"])
     facts["net"] = network_facts(opts)
+    facts["ib"] = ib_facts(opts.get("ib_dir") or "/sys/class/infiniband")
     if opts.get("gpu"):  # while torch imports in its child
         facts["gpu"] = source_module("gpu_health", "GPU_SOURCE").check(opts["gpu"])
     if torch_proc is not None:
