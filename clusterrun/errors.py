@@ -2,7 +2,8 @@
 
 Exit codes (README "Exit codes"): 0 success · 1 job failed, a rank was lost, or the job could not be
 pushed or started · 2 usage or inventory error · 3 connection, auth or host-key failure · 4 time limit ·
-5 hosts busy (another run holds the slots or GPUs; nothing was pushed or started) · 130 interrupted.
+5 hosts busy (another run holds the slots or GPUs; nothing was pushed or started) · 6 a GPU failed the
+GPU preflight and `gpus:` leaves no other (nothing was started; docs/gpus.md) · 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ EXIT_USAGE = 2
 EXIT_CONNECT = 3
 EXIT_TIME_LIMIT = 4
 EXIT_BUSY = 5
+EXIT_GPU = 6
 EXIT_INTERRUPTED = 130
 
 
@@ -235,6 +237,14 @@ class PreflightError(HostError):
     reason = "preflight failed"
 
 
+class GpuCheckFailed(HostError):
+    """A GPU the run would use failed the GPU preflight (check/gpu_rules.py), or it could not be checked
+    (fail closed), and the host's `gpus:` leaves no healthy one in its place: nothing was started."""
+
+    exit_code = EXIT_GPU
+    reason = "GPU preflight failed"
+
+
 class HostsFailed(ClusterrunError):
     """Fan out, then report: every host that failed in one phase (fabric's GroupException)."""
 
@@ -246,7 +256,7 @@ class HostsFailed(ClusterrunError):
     @property
     def exit_code(self) -> int:  # type: ignore[override]
         codes = {e.exit_code for e in self.failures.values()}
-        return EXIT_CONNECT if codes == {EXIT_CONNECT} else EXIT_FAILED
+        return codes.pop() if codes in ({EXIT_CONNECT}, {EXIT_GPU}) else EXIT_FAILED
 
     def __str__(self) -> str:
         n = len(self.failures)

@@ -17,7 +17,8 @@ from enum import Enum
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from .errors import EXIT_FAILED, ClusterrunError, HostsFailed
-from .remote.host.words import INTERRUPTED, how_it_ended, rank_failed, signal_name, time_limit_reached
+from .remote.host.words import (INTERRUPTED, behind_text, how_it_ended, rank_failed, signal_name,
+                                time_limit_reached)
 from .states import RankState, RunState
 
 HUNG = "hung:"  # the stop reason the supervisors give a run stopped by job.hang_timeout (remote/host/run/hang.py)
@@ -41,6 +42,7 @@ class RankResult:
     tail: Tuple[str, ...] = ()
     note: str = ""
     stop_reason: str = ""  # why it was stopped, when it was (time-limit, failed elsewhere, ...)
+    nccl: Optional[Mapping[str, Any]] = None  # a hung rank's last NCCL collective (Flight Recorder): seq, op, state
 
     @classmethod
     def from_exit(cls, rank: int, node_rank: int, host: str, info: Mapping[str, Any], *, clock_offset: float,
@@ -56,7 +58,8 @@ class RankResult:
         return cls(rank, node_rank, host, exit_state(info), exit_code=info.get("exit_code"),
                    signal=info.get("signal"), started_at=started - clock_offset if started else None,
                    ended_at=ended - clock_offset if ended else time.time(), log_path=log_path,
-                   note=note, stop_reason=info.get("stop_reason") or info.get("hung") or "")
+                   note=note, stop_reason=info.get("stop_reason") or info.get("hung") or "",
+                   nccl=info.get("nccl") if isinstance(info.get("nccl"), dict) else None)
 
     @classmethod
     def lost(cls, rank: int, node_rank: int, host: str, why: str, *, ended_at: Optional[float] = None,
@@ -379,10 +382,15 @@ def _hung(run_id: str, ranks: Tuple[RankResult, ...]) -> Optional[RunOutcome]:
     from . import stacks
 
     cause = stacks.hang_cause([(r.rank, r.host, r.note) for r in hung])
+    behind = behind_text({r.rank: r.nccl for r in hung if r.nccl}, {r.rank: r.host for r in hung})
     groups = {}
     for r in hung:
         groups.setdefault(r.note, []).append(r)
     odd = min(groups.values(), key=lambda g: (len(g), g[0].rank))[0]
+    if behind:  # NCCL's own account names the rank behind: it is the root cause
+        lowest = min((r for r in hung if r.nccl), key=lambda r: (r.nccl["seq"], r.rank))
+        odd = lowest if lowest.nccl["seq"] < max(r.nccl["seq"] for r in hung if r.nccl) else odd
+        cause = f"NCCL: {behind}; stacks: {cause}"
     return _end(run_id, RunState.FAILED, f"{hung[0].stop_reason}; {cause}", odd, ranks)
 
 

@@ -33,6 +33,24 @@ CONTRACT_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_R
 PER_WORKER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                   "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
 SOFT_DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}  # ranks flush per line unless the user says otherwise
+# NCCL's Flight Recorder (backend nccl): every rank keeps its last collectives, dumps them into the run
+# folder on a watchdog timeout (and when its pipe is written: the hang watch asks that way), each in both
+# spellings torch has had (TORCH_NCCL_* became aliases of TORCH_FR_*); a pair the job's env: names is left
+# to it. The dumps' format and how clusterrun reads them: remote/host/run/flight.py.
+FR_BUFFER = "2000"
+FR_PREFIX = "nccl_trace_rank_"  # + the global rank: torch's default name, in the run folder instead of /tmp
+FR_PIPE_PREFIX = "nccl_trace_pipe_rank_"  # + the rank + ".pipe": torch makes the FIFO, a write asks for a dump
+
+
+def flight_recorder_env(backend: str, run_dir: str, env: Mapping[str, str]) -> Dict[str, str]:
+    """The Flight Recorder's variables for a rank, where the job's env leaves them (empty with gloo)."""
+    if backend != "nccl":
+        return {}
+    pairs = ((("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), FR_BUFFER),
+             (("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), f"{run_dir}/{FR_PREFIX}"),
+             (("TORCH_NCCL_DUMP_ON_TIMEOUT",), "1"),
+             (("TORCH_NCCL_DEBUG_INFO_PIPE_FILE",), f"{run_dir}/{FR_PIPE_PREFIX}"))
+    return {name: value for names, value in pairs if not any(n in env for n in names) for name in names}
 TORCHRUN = ("-m", "torch.distributed.run")
 AUTO_PORT = "auto"
 IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # what network.ifname sets, unless env: does
@@ -272,6 +290,7 @@ def _rank(inv: Inventory, host: Host, values: Mapping[str, object], port_text: s
     env: Dict[str, str] = {**SOFT_DEFAULT_ENV, **{k: placeholders.render(v, values) for k, v in host.env.items()}}
     env.update({name: net.ifname for name in net.env if net.ifname})
     env.update(_contract_env(inv, host, values, port_text))
+    env.update(flight_recorder_env(job.backend, run_dir_for(host, str(values["run_id"])), host.env))
     if isinstance(host.gpus, tuple) and len(host.gpus) == host.slots:  # named exactly: no choice at launch
         env[GPU_ENV] = ",".join(str(i) for i in host.gpus)
     flags = ("--rank", str(values["rank"]), "--world-size", str(values["world_size"])) if job.rank_flags else ()

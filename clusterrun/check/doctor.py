@@ -24,7 +24,8 @@ from ..errors import ClusterrunError, HostError, RemoteCommandError
 from ..hosts.client import HostClient, make_connect
 from ..hosts.group import background, fan_out
 from ..hosts.relay import relay_wanted
-from .net_rules import (addr_result, connect_result, dns_result, iface_result, mtu_results, relay_result,
+from .gpu_rules import HostGpus, gpu_request, gpu_result, judge_all
+from .net_rules import (addr_result, ib_notes, connect_result, dns_result, iface_result, mtu_results, relay_result,
                         shared_result, used_interface)
 from ..hosts.probe import Listener, ProbeAnswer, Started, reach
 from .rules import (CHECKS, FAIL, OK, SKIP, SKEW_WARN_S, CheckResult, HostReport, Report, clock_result, clock_skew,
@@ -101,8 +102,9 @@ def _no_answer(exc: HostError, python: str) -> CheckResult:
 class _Session:
     """One `check`: the hosts' connections, and rank 0's listener that every host's probe connects to."""
 
-    def __init__(self, inv: Inventory, connect: Callable[[Host], HostClient]):
+    def __init__(self, inv: Inventory, connect: Callable[[Host], HostClient], gpu_check: bool = True):
         self.inv = inv
+        self.gpu_check = gpu_check
         self.connect = connect
         self.master_addr, self.wanted_port = _master(inv)
         self.token = secrets.token_hex(8)
@@ -143,7 +145,8 @@ class _Session:
             facts = Started(client.transport, host.python, "facts", {
                 "workdir": host.workdir, "master_addr": self.master_addr, "own_addr": host.master_addr,
                 "torch": True, "env": dict(host.env),
-                "torch_timeout": max(1.0, t.command - 2)})
+                "torch_timeout": max(1.0, t.command - 2),
+                "gpu": gpu_request(host, t.command) if self.gpu_check else None})
             facts.early("time", deadline)
         except HostError as exc:
             return Observed(host, node_rank, ssh, failure=_no_answer(exc, host.python))
@@ -230,10 +233,12 @@ class _Session:
             client.close()
 
 
-def run_checks(inv: Inventory, *, connect: Optional[Callable[[Host], HostClient]] = None) -> Report:
-    """Check every host of inv in parallel and judge the facts; never raises for a host's problem."""
+def run_checks(inv: Inventory, *, connect: Optional[Callable[[Host], HostClient]] = None,
+               gpu_check: bool = True) -> Report:
+    """Check every host of inv in parallel and judge the facts; never raises for a host's problem.
+    gpu_check: False skips the GPU preflight (--no-gpu-check)."""
     t0 = time.monotonic()
-    session = _Session(inv, connect or make_connect(inv.timeouts))
+    session = _Session(inv, connect or make_connect(inv.timeouts), gpu_check)
     try:
         push = background(_push_size, inv, thread_name="check-push")  # hashing the job overlaps the network work
         hosts = list(enumerate(inv.hosts))
@@ -266,6 +271,7 @@ class _Context:
     torches: Mapping[str, CheckResult]
     stacks: Mapping[str, CheckResult]
     mtus: Mapping[str, CheckResult]
+    gpus: Mapping[str, HostGpus]  # the GPU preflight's verdicts, peers compared; hosts it did not run on absent
     push_bytes: Optional[int]
     push_error: str
     relay_seen: Optional[Mapping[int, frozenset]]  # names each relay listener saw, by node rank (None: no chain)
@@ -295,6 +301,13 @@ def _cuda(c: _Context, o: Observed, f: dict) -> CheckResult:
     if "version" not in torch:
         return CheckResult("cuda", SKIP, "torch does not import", "", "·")
     return cuda_result(c.inv.job.backend, o.host.slots, torch)
+
+
+def _gpu(c: _Context, o: Observed, f: dict) -> CheckResult:
+    if "gpu" not in f:
+        skipped = CheckResult("gpu", SKIP, "skipped (gpu_check: false, or --no-gpu-check)", "", "·")
+        return gpu_result(None) if o.host.gpus is None else skipped
+    return gpu_result(c.gpus.get(o.host.name))
 
 
 def _port(c: _Context, o: Observed, f: dict) -> CheckResult:
@@ -350,7 +363,7 @@ def _clock(c: _Context, o: Observed, f: dict) -> CheckResult:
 
 
 # Every check after ssh, in the order of the report's columns (rules.CHECKS must list the same names).
-JUDGES: Dict[str, Judge] = {"python": _python, "torch": _torch, "cuda": _cuda, "stack": _stack, "port": _port, "connect": _connect,
+JUDGES: Dict[str, Judge] = {"python": _python, "torch": _torch, "cuda": _cuda, "gpu": _gpu, "stack": _stack, "port": _port, "connect": _connect,
                             "iface": _iface, "addr": _addr, "dns": _dns, "mtu": _mtu, "disk": _disk,
                             "shared": _shared, "relay": _relay,
                             "clock": _clock}
@@ -368,13 +381,15 @@ def _context(inv: Inventory, observed: List[Observed], listener: Optional[Listen
     hosts = {h.name: h for h in inv.hosts}
     mtus, mtu_notes = mtu_results({h: used_interface(f["net"], hosts[h].ifname, hosts[h].env, inv.job.backend)
                                    for h, f in facts.items() if "net" in f})
+    gpus, gpu_notes = judge_all(inv.hosts, facts)
     ready = listener.ready if listener else {}
     bound = ready.get("port") or {}
     context = _Context(inv, master_addr, wanted_port, bound.get("port") if bound.get("free") else wanted_port,
                        bound, ready, _no_test(listener, rank0),
                        frozenset(name for _, name in listener.peers) if listener and ready else None,
-                       _machine_count(inv) > 1, pythons, torches, stacks, mtus, push_bytes, push_error, relay_seen)
-    return context, notes + torch_notes + mtu_notes
+                       _machine_count(inv) > 1, pythons, torches, stacks, mtus, gpus, push_bytes, push_error, relay_seen)
+    ib = ib_notes(facts, inv.job.backend, inv.hosts)
+    return context, notes + torch_notes + mtu_notes + gpu_notes + ib
 
 
 def _stacks(inv: Inventory, facts: Mapping[str, dict]) -> Mapping[str, CheckResult]:

@@ -344,3 +344,30 @@ def used_interface(net: Mapping, mode: str, env: Mapping[str, str], backend: str
     facts: plan.ranks_interface, as a launch derives it, the kernel's route the last resort."""
     routed = _source_iface(net.get("interfaces") or (), net.get("source", "?"))
     return ranks_interface(mode, env, net.get("choice"), backend, routed)
+
+
+def active_ib(ib: Sequence[Mapping]) -> List[str]:
+    """`mlx5_0 port 1 (InfiniBand, 200 Gb/sec (4X HDR))` of every port whose state is ACTIVE."""
+    return [f"{d['device']} port {p.get('port')} ({p.get('link_layer') or '?'}, {p.get('rate') or '?'})"
+            for d in ib for p in d.get("ports") or () if "ACTIVE" in (p.get("state") or "")]
+
+
+def ib_notes(facts: Mapping[str, Mapping], backend: str, hosts: Sequence) -> List[str]:
+    """What check says of InfiniBand/RoCE: the devices per host, and a warning where the hosts have them
+    but the run would use TCP (gloo; or NCCL_IB_DISABLE=1), the "silently fell back to TCP" case.
+    hosts: the inventory's (their env:)."""
+    envs = {h.name: h.env for h in hosts}
+    found = {h: active_ib(f.get("ib") or ()) for h, f in facts.items()}
+    found = {h: ports for h, ports in found.items() if ports}
+    if not found:
+        return []
+    where = "; ".join(f"{h}: {', '.join(p)}" for h, p in found.items())
+    disabled = [h for h in found if str((envs.get(h) or {}).get("NCCL_IB_DISABLE", "")) not in ("", "0")]
+    if backend != "nccl":
+        return [f"InfiniBand/RoCE on {where}, but backend {backend} always talks TCP: backend: nccl uses them "
+                "(NCCL_IB_HCA picks the devices)"]
+    if disabled:
+        return [f"InfiniBand/RoCE on {where}, but NCCL_IB_DISABLE is set in the env of {', '.join(disabled)}: "
+                "NCCL falls back to TCP there; remove it (NCCL_IB_HCA picks the devices)"]
+    return [f"InfiniBand/RoCE on {where}: NCCL should use them; NCCL_DEBUG=INFO shows `NET/IB : Using` "
+            "(`NET/Socket` means it fell back to TCP: check rdma-core and NCCL_IB_HCA)"]

@@ -14,7 +14,7 @@ from ..config.environment import FINGERPRINT_FIELDS, mismatches
 from ..config.sizes import size_text
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-CHECKS = ("ssh", "python", "torch", "cuda", "stack", "port", "connect", "iface", "addr", "dns", "mtu", "disk", "shared", "relay",
+CHECKS = ("ssh", "python", "torch", "cuda", "gpu", "stack", "port", "connect", "iface", "addr", "dns", "mtu", "disk", "shared", "relay",
           "clock")
 SKEW_WARN_S = 1.0  # log lines of different hosts no longer line up, nor do root-cause times
 SKEW_FAIL_S = 30.0  # beyond what TLS and Kerberos tolerate; timestamps across hosts are meaningless

@@ -22,7 +22,8 @@ def group() -> None:
 
     Exit codes: 0 success, 1 job failed or a rank was lost, 2 usage or inventory error,
     3 connection/auth/host-key failure, 4 time limit, 5 hosts busy (other runs hold their slots or
-    GPUs; nothing was pushed or started), 130 interrupted.
+    GPUs; nothing was pushed or started), 6 a GPU failed the GPU preflight (nothing was started),
+    130 interrupted.
     """
 
 

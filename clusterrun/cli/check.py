@@ -8,7 +8,7 @@ from typing import Optional
 import click
 
 from ..errors import EXIT_CONNECT, EXIT_OK, UsageError
-from .common import load
+from .common import load, without_gpu_check
 
 
 @click.command()
@@ -17,11 +17,13 @@ from .common import load
 @click.option("--net", is_flag=True, help="Measure TCP bandwidth and round trips between the hosts instead.")
 @click.option("--mb", type=click.FloatRange(min=0.01, max=4096), default=None,
               help="With --net: MiB each link sends each way (default 32; at most 1 s per link).")
+@click.option("--no-gpu-check", is_flag=True, help="Skip the GPU preflight (nvidia-smi, Xid, a CUDA op per GPU; "
+                                                   "docs/gpus.md) on every host.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="With --net: write a heatmap of the matrix (PNG; needs matplotlib).")
 @click.option("-v", "--verbose", is_flag=True, help="Also say how every host was reached over SSH (each value's origin).")
-def check(inventory: str, as_json: bool, net: bool, mb: Optional[float], plot_path: Optional[str],
-          verbose: bool) -> int:
+def check(inventory: str, as_json: bool, net: bool, mb: Optional[float], no_gpu_check: bool,
+          plot_path: Optional[str], verbose: bool) -> int:
     """Check every host of INVENTORY before a launch.
 
     Exit 0 when every host passes (warnings allowed), 1 when a check fails, 3 when the only failures are
@@ -36,7 +38,8 @@ def check(inventory: str, as_json: bool, net: bool, mb: Optional[float], plot_pa
     from ..check.doctor import run_checks
     from ..ui.checks import render_checks
 
-    report = run_checks(load(inventory))
+    inv = load(inventory)
+    report = run_checks(without_gpu_check(inv) if no_gpu_check else inv)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -30,8 +30,11 @@ if TYPE_CHECKING:  # loaded when a clean runs: --help reads no inventory code
 @click.option("--foreign", is_flag=True, help="Also runs this registry does not know (another controller's).")
 @click.option("--retention", is_flag=True, help="Apply the inventory's retention: (what a launch does itself).")
 @click.option("--force", is_flag=True, help="Also runs whose outputs (job.outputs) were never pulled.")
+@click.option("--leftovers", is_flag=True, help="Instead: list the processes that hold the hosts' GPUs and kill "
+                                                "exactly ended runs' own (the RUN named, or every ended run of "
+                                                "the INVENTORY's hosts); never another user's or an unknown one.")
 def clean(targets: Sequence[str], keep: Optional[int], older_than: Optional[str], cache: bool, dry_run: bool,
-          as_json: bool, local: bool, foreign: bool, retention: bool, force: bool) -> int:
+          as_json: bool, local: bool, foreign: bool, retention: bool, force: bool, leftovers: bool) -> int:
     """Remove finished runs' folders from their hosts: TARGETS is an INVENTORY (its hosts) or run ids.
 
     Never a run that runs or may still run, nor (unless --force) one whose outputs were never pulled.
@@ -47,6 +50,8 @@ def clean(targets: Sequence[str], keep: Optional[int], older_than: Optional[str]
     inventory = targets[0] if len(targets) == 1 and os.path.isfile(targets[0]) else None
     runs = () if inventory else tuple(registry.resolve(t) for t in targets)
     rules = Rules(keep=keep, older_than_s=age, runs=runs, foreign=foreign, force=force)
+    if leftovers:
+        return _leftovers(registry, inventory, runs, rules, dry_run, as_json)
     if local:
         return _local(registry, rules, dry_run, as_json)
     if not targets:
@@ -122,6 +127,31 @@ def _run_targets(registry: RunStore, runs: Tuple[str, ...], rules: Rules, retent
     if retention:
         raise UsageError("--retention applies an inventory's rules: give the INVENTORY")
     return _Targets(hosts_of_runs(registry, runs), Timeouts(), rules)
+
+
+def _leftovers(registry, inventory: Optional[str], runs: Tuple[str, ...], rules: "Rules", dry_run: bool,
+               as_json: bool) -> int:
+    """clean --leftovers: one RUN's (its hosts, from the registry), or every ended run's on an INVENTORY's hosts."""
+    from ..clean.leftovers import leftovers
+    from ..errors import EXIT_CONNECT, EXIT_FAILED
+    from ..hosts.client import make_connect
+
+    if len(runs) > 1 or not (inventory or runs):
+        raise UsageError("clean --leftovers: give one RUN, or an INVENTORY (every ended run's leftovers there)")
+    where = _inventory_targets(inventory, rules, False) if inventory else _run_targets(registry, runs, rules, False)
+    kill = "" if dry_run else (runs[0] if runs else "*")
+    found, errors = leftovers(where.hosts, make_connect(where.timeouts), kill=kill)
+    if as_json:
+        click.echo(json.dumps({"dry_run": dry_run, "leftovers": [x.to_json() for x in found],
+                               "errors": {h: str(e) for h, e in errors.items()}}, indent=2))
+    else:
+        from ..ui.console import console
+        from ..ui.tables import show_leftovers
+
+        show_leftovers(found, errors, dry_run, console(stderr=True), runs[0] if runs else "*")
+    if errors:
+        return EXIT_CONNECT if all(e.exit_code == EXIT_CONNECT for e in errors.values()) else EXIT_FAILED
+    return EXIT_OK
 
 
 def _local(registry, rules, dry_run: bool, as_json: bool) -> int:

@@ -19,6 +19,13 @@ if TYPE_CHECKING:  # loaded when a command needs it: `--version`, `--help` and `
 STOP_SIGNALS: Tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+def without_gpu_check(inv: "Inventory") -> "Inventory":
+    """--no-gpu-check: as if every host said gpu_check: false."""
+    from dataclasses import replace
+
+    return replace(inv, hosts=tuple(replace(h, gpu_check=False) for h in inv.hosts))
+
+
 def load(path: str, script: Optional[str] = None, args: Optional[Sequence[str]] = None,
          module: Optional[str] = None) -> "Inventory":
     """The inventory with --script/--module and -- ARGS applied, SSH hosts' addresses filled from ~/.ssh/config."""

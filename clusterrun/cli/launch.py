@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import click
 
 from ..events import counted
-from .common import JobArgsCommand, forward_signals, given_args, load, secret_problem, secrets_of, store
+from .common import (JobArgsCommand, forward_signals, given_args, load, secret_problem, secrets_of, store,
+                     without_gpu_check)
 
 if TYPE_CHECKING:
     from ..config.inventory import Inventory
@@ -24,10 +25,11 @@ if TYPE_CHECKING:
 @click.option("--wait", is_flag=True, help="When other runs hold the hosts' slots or GPUs, queue for them "
                                            "(first come, first served) instead of exiting 5.")
 @click.option("--wait-timeout", metavar="D", default=None, help="With --wait: give up after D (90s, 30m, 2h); exit 5.")
+@click.option("--no-gpu-check", is_flag=True, help="Skip the GPU preflight before the ranks start (docs/gpus.md).")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
 def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run: bool, detach: bool, wait: bool,
-           wait_timeout: Optional[str], as_json: bool, job_args: Sequence[str]) -> int:
+           wait_timeout: Optional[str], no_gpu_check: bool, as_json: bool, job_args: Sequence[str]) -> int:
     """Push the job to every host of INVENTORY, start all ranks, stream their logs, stop all on failure.
 
     Arguments after `--` replace job.args: clusterrun launch inv.yaml -- --epochs 3
@@ -45,6 +47,8 @@ def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run
 
     check_job_files(inv)
     inv = with_rank_flags_decided(inv)
+    if no_gpu_check:
+        inv = without_gpu_check(inv)
     run_id = new_run_id()
     if dry_run:  # shows secret names only, so it needs no values
         return _dry_run(inv, run_id, as_json)

@@ -60,17 +60,24 @@ def _host_claims(inventory: str, as_json: bool) -> int:
     from ..hosts.client import make_connect
     from .common import load
 
+    from ..clean.leftovers import leftovers
+
     inv = load(inventory)
     listing = list_claims(inv.hosts, make_connect(inv.timeouts))
+    # the processes that hold GPU devices where runs use GPUs (docs/gpus.md): each labelled, only listed
+    held, _ = leftovers([h for h in inv.hosts if h.gpus is not None], make_connect(inv.timeouts))
     if as_json:
         click.echo(json.dumps({"hosts": {name: listing.results[name].to_json() for name in listing.names
                                          if name in listing.results},
+                               "gpu_holders": [x.to_json() for x in held],
                                "unreachable": {name: str(e) for name, e in listing.failed.items()}}, indent=2))
     else:
         from ..ui.console import console
         from ..ui.claims import show_host_claims
+        from ..ui.tables import show_gpu_holders
 
         show_host_claims(listing, console(stderr=False))
+        show_gpu_holders(held, console(stderr=False))
     return EXIT_CONNECT if listing.failed else EXIT_OK
 
 

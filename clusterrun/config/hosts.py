@@ -17,7 +17,7 @@ from .yaml_nodes import STR as STR_TAG
 from .yaml_nodes import NodeReader
 
 HOST_KEYS = ("user", "port", "identity_file", "known_hosts", "host_key_policy", "python", "workdir",
-             "connection", "env", "proxy_jump", "slots", "gpus", "claims")
+             "connection", "env", "proxy_jump", "slots", "gpus", "claims", "gpu_check", "gpu_devices")
 HOST_ONLY_KEYS = ("name", "host", "addr", "network")
 CLAIMS_KEYS = ("dir", "slots")
 CLAIMS_DIR = "/tmp/clusterrun-claims"  # the host program's share/claims.DEFAULT_DIR
@@ -58,6 +58,8 @@ class Host:
     claim_slots: Optional[int] = None  # slots the host offers all users together (None: its CPUs)
     ifname: str = "auto"  # network.ifname: auto (found at launch), none (torch's default) or an interface name
     ifname_key: str = ""  # where the inventory set it (hosts[1].network.ifname, network.ifname; "": the default)
+    gpu_check: bool = True  # the GPU preflight (docs/gpus.md) on this host's GPUs, in check and launch
+    gpu_devices: str = "/dev/nvidia*"  # the device files whose holders are leftovers (a glob; docs/gpus.md)
 
     @property
     def master_addr(self) -> str:
@@ -88,6 +90,8 @@ def read_host_settings(r: NodeReader, entries: Dict[str, Tuple[yaml.Node, yaml.N
             out[name] = _read_gpus(r, vnode, path)
         elif name == "claims":
             out[name] = _read_claims(r, vnode, path)
+        elif name == "gpu_check":
+            out[name] = r.boolean(vnode, path)
         elif name in HOST_KEYS:
             out[name] = r.string(vnode, path)
     return {k: v for k, v in out.items() if v is not None}
@@ -158,7 +162,8 @@ def make_host(settings: dict, defaults: dict, local_python: str, source: str,
         python=merged.get("python") or ("python3" if connection == "ssh" else local_python),
         workdir=merged.get("workdir", "~/.clusterrun"), env=merged["env"], proxy_jump=merged.get("proxy_jump"),
         source=source, ifname=ifname, ifname_key=ifname_key, gpus=_gpus_of(merged, backend),
-        claims_dir=None if claims[0] == "off" else claims[0], claim_slots=claims[1])
+        claims_dir=None if claims[0] == "off" else claims[0], claim_slots=claims[1],
+        gpu_check=merged.get("gpu_check", True), gpu_devices=merged.get("gpu_devices", "/dev/nvidia*"))
 
 
 def read_hosts(r: NodeReader, hnode: yaml.Node, defaults: dict, base_dir: str, local_python: str,

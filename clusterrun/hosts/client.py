@@ -160,6 +160,16 @@ class HostClient:
         """Every claim and queue entry in these claims folders, any user's (remote/host/share/claims.py)."""
         return self.call("claims", *folders)
 
+    def gpu_check(self, request: dict, timeout: float) -> dict:
+        """The GPU preflight's raw facts here (remote/host/share/gpu_health.py); the request on stdin: it
+        carries the host's env:, which stays off command lines."""
+        return self.call("gpu-check", stdin=json.dumps(request).encode(), timeout=timeout)
+
+    def leftovers(self, request: dict) -> dict:
+        """The processes that hold the GPU devices here, labelled; with "kill", an ended run's killed
+        (remote/host/share/leftovers.py)."""
+        return self.call("leftovers", stdin=json.dumps(request).encode())
+
     def runs(self) -> dict:
         """Every run folder on this host: status (running, finished, receiving, unstarted), bytes, log
         sizes; the cache's size and the free space (remote/host/disk/runs.py)."""

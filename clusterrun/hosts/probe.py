@@ -28,12 +28,13 @@ def _source(*parts: str) -> str:
         return fh.read()
 
 
-# the interface choice and a port's holder ride along as source: check finds them exactly as a launch's
-# push does
+# the interface choice, a port's holder and the GPU preflight ride along as source: check finds them
+# exactly as a launch's push (and its GPU preflight) does
 PROBE_SOURCE: bytes = (f"TORCH_SNIPPET = {_source('torch_probe.py')!r}\n"
                        f"STACK_SNIPPET = {FINGERPRINT_PROBE!r}\n"
                        f"IFACES_SOURCE = {_source('host', 'net', 'ifaces.py')!r}\n"
-                       f"HOLDER_SOURCE = {_source('host', 'net', 'holder.py')!r}\n" + _source("probe.py")).encode()
+                       f"HOLDER_SOURCE = {_source('host', 'net', 'holder.py')!r}\n"
+                       f"GPU_SOURCE = {_source('host', 'share', 'gpu_health.py')!r}\n" + _source("probe.py")).encode()
 
 # Stops the listener by pid only while that pid still runs the listener we started (its argv holds a
 # random tag), so a pid reused in the meantime is never signalled.

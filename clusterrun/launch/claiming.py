@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from ..config.inventory import Inventory
-from ..errors import ClaimDropped, ConnectError, HostBusy, HostsBusy, HostsFailed
+from ..errors import ClaimDropped, ConnectError, GpuCheckFailed, HostBusy, HostsBusy, HostsFailed
 from ..hosts.claims import WaitStatus, busy_error
 from ..plan import LaunchPlan, NodePlan
 
@@ -261,6 +261,15 @@ class LaunchClaims:
             with self._lock:
                 self.gpus[index] = tuple(claim["granted"])
 
+    def avoid(self, index: int, usable: Sequence[int], count: int) -> None:
+        """Only these GPUs for the host at this place in the inventory (the GPU preflight failed the
+        others): its claim chooses among them; without claims its ranks get the first `count`."""
+        with self._lock:
+            if index in self.requests:
+                self.requests[index] = {**self.requests[index], "gpus": list(usable)}
+            else:
+                self.gpus[index] = tuple(usable[:count])
+
     def gpus_of(self, index: int) -> Tuple[int, ...]:
         with self._lock:
             return self.gpus.get(index, ())
@@ -294,5 +303,6 @@ def prepare_failure(exc: HostsFailed, claims: LaunchClaims) -> HostsFailed:
             all(isinstance(e, ClaimDropped) for e in failures.values()):
         waited = claims.group.waited if claims.group is not None and claims.wait else None
         return HostsBusy(failures, waited=waited)
-    kinds = {"connect" if isinstance(e, ConnectError) else "push" for e in failures.values()}
+    kinds = {"connect" if isinstance(e, ConnectError) else "GPU preflight" if isinstance(e, GpuCheckFailed)
+             else "push" for e in failures.values()}
     return HostsFailed(" and ".join(sorted(kinds, reverse=False)), failures)

@@ -13,6 +13,7 @@ python, and the plan is built from it again (ranks, torchrun, setup and notify t
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
@@ -24,7 +25,7 @@ from ..errors import EnvBuildError, HostsFailed, PreflightError, StackMismatch
 from ..events import HostDone, LogLines, Notice
 from ..hosts.group import GroupResult
 from ..hosts.push import EnvResult, HeldPush
-from ..plan import LaunchPlan, NodePlan
+from ..plan import LaunchPlan, NodePlan, build_plan, plan_to_dict
 from .wheels import Wheels, fetch, find_links_for, index_address, uses_controller
 
 BASE_HINT = ("install it there, or name one every host has (job.environment.python: a version such as \"3.11\", "
@@ -252,3 +253,19 @@ class Steps:
 
 def _bare(fingerprint: Mapping[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in fingerprint.items() if k != "cached"}
+
+
+def settle(inv: Inventory, plan: LaunchPlan, steps: "Steps", store: Any, phase: Callable[[str, Callable[[], Any]], Any],
+           network: Any) -> "tuple":
+    """The stacks found (job.environment's venvs built, else the plain pythons' fingerprints), kept in the
+    run record per host and compared (a difference raises StackMismatch before any rank starts); with
+    venvs, the inventory and the plan anew, every host running its venv's python."""
+    stacks = steps.fingerprints() if inv.job.environment is None else phase("environment", steps.build)
+    for node in plan.nodes:
+        store.update_host(plan.run_id, node.index, stack=json.dumps(stacks.records[node.host.name]))
+    stacks.check(inv)
+    if stacks.pythons:
+        inv = with_env_pythons(inv, stacks.pythons)
+        plan = build_plan(inv, plan.run_id, master_port=plan.master_port, network=network)
+        store.update_run(plan.run_id, plan=plan_to_dict(plan))
+    return inv, plan

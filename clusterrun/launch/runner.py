@@ -38,6 +38,7 @@ from . import environment as job_env
 from .job_outputs import pull_outputs
 from .job_ports import PortForwards
 from .claiming import LaunchClaims, prepare_failure, wait_mesh
+from .gpu_gate import gate_for
 from .hostset import Closed, HostSet
 from .monitor import Monitor
 from .preflight import checked_plan, preflight
@@ -245,14 +246,7 @@ class Runner:
         steps = job_env.Steps(self.inv, plan, self.hosts.held, self._fan_out,
                               log_copy=lambda host: self.store.aux_log_path(plan.run_id, host, "environment"),
                               lines=self._q.put, wheels=self._wheels)
-        stacks = steps.fingerprints() if self.inv.job.environment is None else self._phase("environment", steps.build)
-        for node in plan.nodes:
-            self.store.update_host(self.run_id, node.index, stack=json.dumps(stacks.records[node.host.name]))
-        stacks.check(self.inv)
-        if stacks.pythons:  # the plan anew: every host runs its venv's python
-            self.inv = job_env.with_env_pythons(self.inv, stacks.pythons)
-            plan = build_plan(self.inv, self.run_id, master_port=plan.master_port, network=self._network)
-            self.store.update_run(self.run_id, plan=plan_to_dict(plan))
+        self.inv, plan = job_env.settle(self.inv, plan, steps, self.store, self._phase, self._network)
         return plan
 
     def _setup_all(self, plan: LaunchPlan, manifest: Manifest) -> None:
@@ -293,18 +287,23 @@ class Runner:
 
         relay = relay_for_push(self.inv.relay, len(plan.nodes), self.inv.timeouts)  # hosts pass the push on
         claims = self.claims.begin(plan)
+        gate = gate_for(self.inv, plan.nodes, self._post, plan.run_id) if plan.attempt == 0 else None
         announced: List[bool] = []
 
         def prepare(node: NodePlan) -> None:
             try:
-                self._connect_node(node)
+                client = self._connect_node(node)
             except BaseException as exc:
                 if relay is not None:  # never arrives: the other hosts stop waiting for it
                     relay.fail(node.node_rank)
                 if claims is not None:
                     claims.fail(0, f"{node.host.name}: {exc}")
+                if gate is not None:
+                    gate.fail(node.index)
                 raise
             connected.append(time.monotonic())
+            if gate is not None and not gate.passes(node, client, self.claims, relay, claims):
+                return  # another host's GPUs failed: nothing is pushed anywhere
             self._push(node, manifest.result(), plan, relay if relay is not None and
                        relay.pays(manifest.result()) else None)
 

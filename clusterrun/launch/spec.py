@@ -19,6 +19,7 @@ def host_spec(inv: Inventory, plan: LaunchPlan, node: NodePlan, secrets: Mapping
     spec = {"attempt_key": plan.attempt_key, "run_id": plan.run_id, "node_rank": node.node_rank, "node": node.host.name,
             "grace": inv.timeouts.grace, "fail_fast": True, "time_limit": time_left,
             "hang_timeout": inv.job.hang_timeout_s,
+            "uses_gpus": node.host.gpus is not None,  # a hung run's hang.json holds the GPUs' state then
             "secret_names": list(plan.secret_names),
             "peers": peers(inv, plan, node, peer_token, coordinator_port),
             "ranks": [{"rank": r.rank, "argv": list(r.argv), "env": {**rank_env(plan, r, secrets), **extra}}

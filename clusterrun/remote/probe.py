@@ -2,7 +2,8 @@
 
 Usage (by the controller, never by hand): python - COMMAND [TAG] < (OPTIONS line + probe.py)
 
-  facts   everything `clusterrun check` wants to know about this host (torch in a child process)
+  facts   everything `clusterrun check` wants to know about this host (torch in a child process; the
+          GPU preflight where the run uses GPUs)
   reach   a TCP connection to MASTER_ADDR:MASTER_PORT, and the token file in the shared folder
   listen  (rank 0's host) bind the master port, accept the other hosts' test connections, print each
 
@@ -30,7 +31,8 @@ LOOKUP_TIMEOUT = 3.0  # a name lookup gives up here (a dead DNS): check itself s
 
 # TORCH_SNIPPET (remote/torch_probe.py, run in a child), STACK_SNIPPET (the stack fingerprint), IFACES_SOURCE (remote/host/net/ifaces.py: the
 # interface launch picks, picked the same way here) and HOLDER_SOURCE (remote/host/net/holder.py: who
-# listens on a port, named as the launch's preflight names it) are put in front of this source with OPTIONS.
+# listens on a port, named as the launch's preflight names it) and GPU_SOURCE (remote/host/share/gpu_health.py:
+# the GPU preflight, as a launch runs it) are put in front of this source with OPTIONS.
 
 
 def say(obj):
@@ -104,6 +106,36 @@ def _lstat(path):
         return os.lstat(path)
     except OSError:
         return None
+
+
+def ib_facts(root="/sys/class/infiniband"):
+    """InfiniBand/RoCE devices and their ports: [{"device", "ports": [{"port", "state", "link_layer",
+    "rate"}]}] ([] where there are none)."""
+    out = []
+    try:
+        devices = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for device in devices:
+        ports = []
+        try:
+            names = sorted(os.listdir(os.path.join(root, device, "ports")))
+        except OSError:
+            names = []
+        for port in names:
+            folder = os.path.join(root, device, "ports", port)
+            ports.append(dict((key, _first_line(os.path.join(folder, key))) for key in ("state", "link_layer", "rate")))
+            ports[-1]["port"] = port
+        out.append({"device": device, "ports": ports})
+    return out
+
+
+def _first_line(path):
+    try:
+        with open(path) as fh:
+            return fh.readline().strip()
+    except OSError:
+        return ""
 
 
 def ifaces_module():
@@ -241,6 +273,9 @@ def cmd_facts(opts):
     facts["disk"] = disk_facts(opts["workdir"])
     facts["stack"] = stack_facts()
     facts["net"] = network_facts(opts)
+    facts["ib"] = ib_facts(opts.get("ib_dir") or "/sys/class/infiniband")
+    if opts.get("gpu"):  # while torch imports in its child
+        facts["gpu"] = source_module("gpu_health", "GPU_SOURCE").check(opts["gpu"])
     if torch_proc is not None:
         facts["torch"] = finish_torch(torch_proc, opts.get("torch_timeout", 30.0))
     say({"facts": facts})

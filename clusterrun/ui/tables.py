@@ -337,3 +337,33 @@ def show_pull(result: "PullResult", out: Console) -> None:
     if result.snapshot:
         out.print(Text(f"run {result.run_id} had not ended: its files as they were just now", style="dim"))
     out.print(Text(f"pulled into {result.folder}", style="bold"))
+
+
+def show_leftovers(found, errors, dry_run: bool, out: Console, target: str = "*") -> None:
+    """`clean --leftovers`: every process that holds a GPU device, labelled, and which were killed (target:
+    the run whose leftovers go, "*" every ended run's)."""
+    if not found:
+        out.print(Text("no process holds a GPU device on these hosts", style="dim"))
+    else:
+        table = Table(title="processes holding GPU devices", title_justify="left")
+        for col in ("host", "pid", "user", "GPUs", "holder", "command", ""):
+            table.add_column(col)
+        for x in found:
+            gpus = ",".join(map(str, x.gpus)) or ",".join(d.rsplit("/", 1)[-1] for d in x.devices) or "-"
+            holder = f"{x.label} {x.run}".strip()
+            doomed = dry_run and x.label == "ended-run" and target in ("*", x.run)
+            done = Text("killed", style="bold") if x.killed else Text("would kill" if doomed else "left alone")
+            table.add_row(x.host, str(x.pid), x.user, gpus, holder, Text(x.command[:50]), done)
+        out.print(table)
+    for host, exc in errors.items():
+        out.print(Text(f"{host}: {exc}", style="bold red"))
+    if dry_run:
+        out.print(Text("dry run: nothing was killed", style="dim"))
+
+
+def show_gpu_holders(found, out: Console) -> None:
+    """`ps --hosts`: a line for each process that holds a GPU device (`node1 GPU 0: held by pid ...`)."""
+    for x in found:
+        where = f"GPU {','.join(map(str, x.gpus))}" if x.gpus else ",".join(x.devices)
+        style = "yellow" if x.label in ("ended-run", "unknown") else ""
+        out.print(Text(f"{x.host} {where}: held by {x.text()}", style=style))

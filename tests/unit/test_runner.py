@@ -6,17 +6,33 @@ import queue
 import threading
 import time
 
+from pathlib import Path
+
 import pytest
 
-from clusterrun.errors import AuthError, ConnectError, HostsBusy, HostsFailed
+from clusterrun.errors import EXIT_GPU, AuthError, ConnectError, GpuCheckFailed, HostsBusy, HostsFailed
 from clusterrun.events import LogLines, Notice, RankEnded
 from clusterrun.hosts.wire import Frame
 from clusterrun.hosts.push import PushResult
 from clusterrun.config.inventory import parse_inventory
 from clusterrun.launch.runner import Runner
 from clusterrun.registry.store import RunStore
+from clusterrun.remote.host.share import gpu_health
 from clusterrun.transport import StreamClosed
 from support import wait_for
+
+STANDIN = Path(__file__).resolve().parents[1] / "standin" / "gpu"
+
+
+def gpu_answer(count, bad=()):
+    """A gpu-check answer: `count` GPUs as the canned healthy A100 report has them; those in bad with an
+    uncorrectable ECC error."""
+    smi = gpu_health.parse_smi_xml((STANDIN / "healthy.xml").read_text())
+    gpus = [dict(smi["gpus"][0], index=i, bus_id=f"00000000:{i + 7:02X}:00.0") for i in range(count)]
+    for i in bad:
+        gpus[i] = dict(gpus[i], volatile={"dram_uncorrectable": "1"})
+    return {"smi": dict(smi, gpus=gpus), "xid": {"readable": True, "events": []},
+            "op": {"results": [{"index": i, "ok": True, "tflops": 100.0} for i in range(count)]}}
 
 
 class FakeStream:
@@ -110,6 +126,11 @@ class FakeAgent:
         return FakeHeld(self.h, PushResult(manifest.total_bytes, 1, len(manifest.files), 0.0),
                         41234 if want_port else None, 50000 if coordinator else None, claim=granted)
 
+    def gpu_check(self, request, timeout):
+        """The GPU preflight's answer (remote/host/share/gpu_health.py): the world's, else healthy GPUs."""
+        self.h.world.calls.append(("gpu-check", self.h.name))
+        return self.h.world.gpu_answers.get(self.h.name) or gpu_answer(3)
+
     def follow(self, run_id, offsets, once=False):
         self.h.follow_commands += 1
         return FakeStream(self.h)
@@ -155,6 +176,7 @@ class World:
         self.events = []
         self.busy = {}  # host name -> the claim another run holds there
         self.gpus = {}  # host name -> the GPUs its claim takes
+        self.gpu_answers = {}  # host name -> its gpu-check answer (default: 3 healthy GPUs)
 
     def connect(self, host):
         if host.name in self.fail_connect:
@@ -542,3 +564,40 @@ def test_the_gpus_a_host_claimed_reach_its_ranks_and_its_supervisor(tmp_path):
             h.exit(r, code=0)
     t.join(10)
     assert out["outcome"].exit_code == 0
+
+
+# ------------------------------------------------------------------ the GPU preflight (launch/gpu_gate.py)
+
+
+def test_gpu_preflight_leaves_a_failing_gpu_out_of_the_claim_and_says_so(tmp_path):
+    w = World(CLAIMING, tmp_path)  # a: gpus auto, 2 slots
+    w.gpu_answers["a"] = gpu_answer(3, bad=[1])
+    w.gpus["a"] = [0, 2]
+    t, out = w.run_in_thread(w.runner())
+    w.wait_started()
+    request = w.hosts["a"].claim[0]
+    assert request["gpus"] == [0, 2] and request["gpu_count"] == 2  # the claim chooses among the healthy ones
+    assert [c for c in w.calls if c[0] == "gpu-check"] == [("gpu-check", "a")]  # b, c: no GPUs
+    assert w.calls.index(("gpu-check", "a")) < w.calls.index(("push", "a"))
+    texts = [e.text for e in w.events if isinstance(e, Notice)]
+    assert ("GPU preflight: a GPU 1 skipped: 1 uncorrectable ECC error since the driver loaded (volatile "
+            "dram_uncorrectable); the run uses GPUs 0,2 there") in texts
+    for h in w.hosts.values():
+        for r in h.ranks:
+            h.exit(r, code=0)
+    t.join(10)
+    assert out["outcome"].exit_code == 0
+
+
+def test_gpu_preflight_failure_exits_6_before_any_host_is_pushed(tmp_path):
+    w = World(CLAIMING, tmp_path)
+    w.gpu_answers["a"] = gpu_answer(2, bad=[1])  # 2 slots, 2 GPUs: nothing to fall back on
+    with pytest.raises(HostsFailed) as info:
+        w.runner().run()
+    assert info.value.exit_code == EXIT_GPU and list(info.value.failures) == ["a"]
+    assert isinstance(info.value.failures["a"], GpuCheckFailed)
+    assert str(info.value).startswith("GPU preflight failed on 1 host; nothing was started:")
+    assert "a GPU 1: 1 uncorrectable ECC error since the driver loaded" in str(info.value)
+    assert not any(c[0] in ("push", "start-begin") for c in w.calls)  # b and c waited, then stopped too
+    record = w.store.get("20261130-000000-abcd")
+    assert (record.state, record.exit_code) == ("failed", EXIT_GPU)

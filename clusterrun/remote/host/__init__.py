@@ -39,6 +39,11 @@ checked by tests/unit/test_layout.py).
     samples RUN|- S N       this host's and its ranks' CPU, memory, network, GPUs: a JSON line every S seconds
   share/    sharing the host with other people's runs
     claims DIR...           list every claim and queue entry in these claims folders (any user's)
+    gpu-check               the GPU preflight's raw facts (JSON request on stdin): nvidia-smi -q -x, Xid
+                            lines of the kernel log, a CUDA op per GPU with the run's Python (gpu_health.py),
+                            and the processes that hold the GPUs
+    leftovers               the processes that hold the GPU devices, labelled by their clusterrun marker;
+                            with "kill": exactly an ended run's own (leftovers.py)
                             (claims.py: the folder, its files and the rule; a push claims through
                             session.py; gpus.py: nvidia-smi; waiter.py: a `--detach --wait` launch's turn)
   net/      sockets

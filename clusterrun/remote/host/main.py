@@ -24,6 +24,8 @@ COMMANDS = {
     "free-port": ("net.free_port", "cmd_free_port", ""),
     "bandwidth": ("net.bandwidth", "cmd_bandwidth", ""),
     "claims": ("share.claims", "cmd_claims", ""),
+    "gpu-check": ("share.gpu_health", "cmd_gpu_check", "workdir"),
+    "leftovers": ("share.leftovers", "cmd_leftovers", "workdir"),
 }
 # commands that do not answer a JSON line: receive and pull speak framed messages, follow frames
 FAIL_AS = {"receive": send_msg, "pull": send_msg, "follow": fail_frame}

@@ -2,7 +2,7 @@
 environment. Signals go only to processes that pass these checks - never to a name or pattern."""
 
 import os
-
+import time
 
 
 def _stat(pid):
@@ -114,6 +114,26 @@ def run_members(marker):
         except OSError:
             continue
     return found
+
+
+def end_members(marker, grace):
+    """TERM this user's processes that carry the marker, KILL those left after grace (each by pid and
+    start time, so a pid reused meanwhile is never signalled); the pids found. For what left its rank's
+    process group (setsid, a daemonized DataLoader worker) and so escaped the group's signals."""
+    import signal
+
+    found = [(pid, start_ticks(pid)) for pid in run_members(marker)]
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        live = [(pid, ticks) for pid, ticks in found if same_process(pid, ticks)]
+        for pid, _ in live:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.time() + wait
+        while live and time.time() < deadline and any(same_process(p, t) for p, t in live):
+            time.sleep(0.05)
+    return [pid for pid, _ in found]
 
 
 def signal_rank(marker, info, sig):

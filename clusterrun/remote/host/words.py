@@ -33,3 +33,37 @@ def rank_failed(rank, host, how):
 
 def time_limit_reached(seconds=None):
     return "time limit%s reached" % (" of %g s" % seconds if seconds else "")
+
+
+def ranks_text(ranks):
+    """[0, 1, 2, 5] → "ranks 0-2,5"; [7] → "rank 7"."""
+    ranks = sorted(ranks)
+    runs, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            runs.append("%d" % start if start == r else "%d-%d" % (start, r))
+            start = None
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(runs)
+
+
+def behind_text(lasts, hosts=None):
+    """Who is behind in NCCL's collectives, from {rank: its last one} (run/flight.py's last_collective; the
+    controller's outcome.py says a hung run's cause with it too): `ranks 0-6 at all_reduce #640 (started); rank 7 (node3)
+    behind at all_reduce #639 (completed)`; "" when every rank is at the same collective and state."""
+    known = dict((r, c) for r, c in lasts.items() if c)
+    if not known:
+        return ""
+    groups = {}
+    for rank, c in known.items():
+        groups.setdefault((c["seq"], c["op"], c["state"]), []).append(rank)
+    if len(groups) < 2:
+        return ""
+    order = sorted(groups.items(), key=lambda kv: (-kv[0][0], -len(kv[1])))
+    parts = []
+    for (seq, op, state), ranks in order:
+        behind = seq < order[0][0][0]
+        on = " (%s)" % hosts[ranks[0]] if behind and hosts and len(ranks) == 1 and ranks[0] in hosts else ""
+        parts.append("%s%s %sat %s #%d (%s)" % (ranks_text(ranks), on, "behind " if behind else "", op, seq, state))
+    return "; ".join(parts)

@@ -12,7 +12,9 @@ rank still runs:
      with the reason `hung: no output for 10m`: the ordinary stop, so every rank's exit record carries
      it as its stop_reason.
 The stacks come before the stop, on every host: a rank whose peer died first would be somewhere else.
-Each host writes what it took to RUN/stacks/hang.json (the `stacks` answer's form, observe/stacks.py),
+Each host writes what it took to RUN/stacks/hang.json (the `stacks` answer's form, observe/stacks.py;
+with NCCL, each rank's last collective from the Flight Recorder's dumps under "nccl": flight.py; where
+the run uses GPUs, their utilisation and memory at that moment under "gpus": share/gpus.snapshot),
 a note with each rank's stack into that rank's log, a line into supervisor.log, and each rank's main
 thread frames into its exit record ("stack"), from which the controller folds the root cause
 (`rank 2 on a3 in slow_loader (job.py:12); ranks 0-1,3 in all_reduce`: clusterrun/stacks.py, outcome.py).
@@ -23,7 +25,9 @@ The supervisor calls `tick` from its loop (why_stop) and `exit_fields` when it w
 import os
 
 from ..files import write_json_atomic
-from ..paths import log_path, stacks_dir
+from ..paths import log_path, run_root, stacks_dir
+from ..share.gpus import snapshot
+from . import flight
 
 HUNG = "hung: no output for %s"
 DUMP_WAIT = 5.0  # the coordinator waits this long at most for the peers' stacks before it stops the run
@@ -49,6 +53,7 @@ class HangWatch:
         self.asked_at = None  # when this host decided the run is hung (alone, or as the coordinator)
         self.stacks = {}  # rank -> its main thread's frames, once taken
         self.dumped = False
+        self.collectives = {}  # rank (str) -> its last NCCL collective, from the Flight Recorder's dumps
         self.reason_given = self.reason  # the coordinator's words, on a peer
         self.errors = 0
         if sup.peer is not None:
@@ -136,9 +141,13 @@ class HangWatch:
         sup = self.sup
         ranks = sup.running_ranks()
         entries = collect(sup.run_dir, {"ranks": sup.ranks}, sup.exits, ranks) if ranks else []
+        # NCCL's own account (backend nccl): each rank's last collective, asked for through its pipe
+        nccl = flight.evidence(run_root(sup.run_dir), ranks, sup.spec.get("node", "")) if ranks else None
+        self.collectives = (nccl or {}).get("ranks") or {}
         path = os.path.join(stacks_dir(sup.run_dir), "hang.json")
         try:
-            write_json_atomic(path, {"reason": reason, "ranks": entries})
+            extra = dict({"nccl": nccl} if nccl else {}, **({"gpus": snapshot()} if sup.spec.get("uses_gpus") else {}))
+            write_json_atomic(path, dict({"reason": reason, "ranks": entries}, **extra))
         except OSError as exc:
             sup.log("hang watch: cannot write %s: %s" % (path, exc))
         for entry in entries:
@@ -151,7 +160,10 @@ class HangWatch:
 
     def exit_fields(self, rank):
         """What a rank's exit record gets once the hang watch took its stack: the stack, and why."""
-        return {"stack": self.stacks[rank], "hung": self.reason_given} if rank in self.stacks else {}
+        out = {"stack": self.stacks[rank], "hung": self.reason_given} if rank in self.stacks else {}
+        if self.collectives.get(str(rank)):
+            out["nccl"] = self.collectives[str(rank)]  # its last collective: the controller says who is behind
+        return out
 
 
 def note(reason, entry, frames):

@@ -15,7 +15,8 @@ import time
 
 from ..files import read_json, write_json_atomic
 from ..paths import exit_path
-from ..procs import MARKER_ENV, attempt_key, group_alive, process_marker, start_ticks
+from . import flight
+from ..procs import MARKER_ENV, attempt_key, end_members, group_alive, process_marker, start_ticks
 from ..secrets import scrub_run
 from ..observe.state import followed_within
 from ..wire import PROTOCOL
@@ -27,6 +28,7 @@ from .rendezvous import RendezvousWatch
 TIME_LIMIT = "time-limit"
 FAILED = "failed"  # a rank of this host failed (fail_fast)
 STOPPED = "stopped"  # clusterrun stop, Ctrl-C, the controller's teardown
+STRAY_GRACE_S = 2.0  # a process that outlived its rank (it left the group): TERM, then KILL after this
 
 
 class Supervisor:
@@ -70,6 +72,9 @@ class Supervisor:
         out = dict(os.environ)
         out.update(env)
         out[MARKER_ENV] = process_marker(self.spec)
+        for name in flight.PATH_ENV:  # the Flight Recorder's files go to the run folder (plan.flight_recorder_env)
+            if out.get(name, "").startswith("~"):
+                out[name] = os.path.expanduser(out[name])
         folder = out.get("CLUSTERRUN_CHECKPOINT_DIR")
         if folder:
             folder = os.path.expanduser(folder)
@@ -100,6 +105,10 @@ class Supervisor:
             self.forward_stop(now)
             self.nap(alarm, self.TICK)
         self.talk(time.time())
+        strays = end_members(process_marker(self.spec), STRAY_GRACE_S)  # what left its rank's group
+        if strays:
+            self.log("ended %d process(es) of this run that outlived their rank (pids %s)"
+                     % (len(strays), ",".join(map(str, strays))))
         if self.peer is not None:
             self.peer.finish(time.time() + 2.0)
         for side in (self.coordinator, self.peer):

@@ -79,3 +79,27 @@ def choose(cands, count, taken, reserved=()):
         return None
     order = sorted(free, key=lambda g: (g["index"] in reserved, not idle(g), g["index"]))
     return sorted(g["index"] for g in order[:count])
+
+
+SNAPSHOT = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+            "--format=csv,noheader,nounits"]
+
+
+def snapshot(timeout=5.0):
+    """Each GPU's utilisation (%) and memory (MiB) now, for a hung run's hang.json:
+    {"gpus": [{"index", "util_pct", "used_mib", "total_mib"}]}, or {"error": why there is none}."""
+    try:
+        done = subprocess.run(SNAPSHOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    except OSError as exc:
+        return {"error": "nvidia-smi cannot be run (%s)" % (exc.strerror or exc)}
+    except subprocess.TimeoutExpired:
+        return {"error": "nvidia-smi did not answer within %g s" % timeout}
+    if done.returncode != 0:
+        return {"error": "nvidia-smi failed (exit %d)" % done.returncode}
+    out = []
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 4 and parts[0].isdigit():
+            out.append({"index": int(parts[0]), "util_pct": _mib(parts[1]), "used_mib": _mib(parts[2]),
+                        "total_mib": _mib(parts[3])})
+    return {"gpus": out}
