@@ -40,23 +40,26 @@ def _int_list(text: str, option: str) -> List[int]:
               help="Rank 0's metrics file, relative to the job folder.")
 @click.option("--fail-fast", is_flag=True, help="Stop at the first failed point.")
 @click.option("--logs", "show_logs", is_flag=True, help="Show the ranks' output too.")
+@click.option("--fold/--no-fold", default=None,
+              help="With --logs: the same line from many ranks shown once with their set (default: from 16 ranks).")
 @click.option("--note", default=None, help="A line under the plots' titles (say what machines these were).")
 @click.option("--dry-run", is_flag=True, help="List the points and what each would run; touch nothing.")
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
 def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[str], data_sizes: Optional[str],
           repeat: int, out_dir: Optional[str], metrics_path: str, fail_fast: bool, show_logs: bool,
-          note: Optional[str], dry_run: bool, job_args: Sequence[str]) -> int:
+          fold: Optional[bool], note: Optional[str], dry_run: bool, job_args: Sequence[str]) -> int:
     """Run a grid of ordinary runs (nodes x batch size x init method x data size) and plot the results.
 
     Re-running the same command resumes: points already done are skipped.
     """
     from rich.text import Text
 
-    from ..events import LogLines
+    from ..events import LogLines, Tick
     from ..hosts.manifest import HashCache
     from ..sweep import grid as sw
     from ..sweep.report import rows
-    from ..ui.console import LogPrinter, console
+    from ..ui.console import console, log_printer
+    from ..ui.fold import fold_wanted
     from ..ui.tables import show_sweep
 
     inv = load(inventory)
@@ -78,22 +81,31 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
         return _dry_run(inv, points, args, state, console(stderr=False))
     registry = store()
     secrets = secrets_of(inv)
-    printer = LogPrinter(secrets=secrets.values())
+    # each point has its own number of ranks: a folded line names its ranks, never `r*`
+    printer = log_printer(secrets.values(), fold_wanted(fold, sum(h.slots for h in inv.hosts)))
     err = console(stderr=True)
 
     def on_run_event(ev) -> None:
-        if show_logs and isinstance(ev, LogLines):
-            printer.write(ev.host, ev.rank, ev.data)
+        if not show_logs:
+            return
+        if isinstance(ev, LogLines):
+            printer.write(ev.host, ev.rank, ev.data, ev.stream)
+        elif isinstance(ev, Tick):
+            printer.tick()
+        else:
+            printer.flush()
 
     runner = sw.PointRunner(store=registry, secrets=secrets, emit=on_run_event, metrics_path=metrics_path,
                             hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
 
     def on_point(ev: "sw.PointEvent") -> None:
+        printer.flush()
         err.print(_point_line(ev))
 
     with forward_signals(runner.interrupt):
         finished = sw.run_sweep(inv, points, args, state, runner, on_point, fail_fast=fail_fast,
                                 interrupted=lambda: runner.interrupted)
+    printer.flush()
     table = rows(sw.points_in(state, points))
     written = _write_results(folder, table, note or f"{len(inv.hosts)}-host inventory {os.path.basename(inventory)}",
                              err)

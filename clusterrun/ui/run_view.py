@@ -11,11 +11,11 @@ from typing import Dict, Iterable, Optional
 
 from rich.text import Text
 
-from ..events import Forwarded, HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Waiting
+from ..events import Forwarded, HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Tick, Waiting
 from ..outcome import RunOutcome, hint_for
 from ..states import RankState, RunState
 from ..config.sizes import size_text
-from .console import LogPrinter, console, mask_text
+from .console import console, log_printer, mask_text
 
 
 class _PhaseTally:
@@ -69,10 +69,11 @@ class RunView:
     """Renders a run's events: progress on stderr, logs on stdout."""
 
     def __init__(self, *, quiet: bool = False, secrets: Iterable[str] = (), inventory: str = "INVENTORY",
-                 hosts: int = 0):
+                 hosts: int = 0, fold: bool = False, world: Optional[int] = None):
+        """fold: the same line from many ranks shown once with their set (ui.fold); world: the run's ranks."""
         self.err = console(stderr=True)
         self.inventory = inventory  # named in hints
-        self.logs = LogPrinter(secrets=secrets)
+        self.logs = log_printer(secrets, fold, world)
         self.quiet = quiet
         self.hosts = hosts  # how many the launch has (the live widget's "3/16 hosts")
         self._live = self.err.is_terminal and not quiet
@@ -84,6 +85,8 @@ class RunView:
     def handle(self, ev: object) -> None:
         if isinstance(ev, LogLines):
             self.logs.write(ev.host, ev.rank, ev.data, ev.stream)
+        elif isinstance(ev, Tick):
+            self.logs.tick()
         elif isinstance(ev, Phase):
             self._on_phase(ev)
         elif isinstance(ev, HostProgress):
@@ -95,9 +98,11 @@ class RunView:
                 self._phase.host_done(ev)
                 self._refresh()
         elif isinstance(ev, RankEnded):
+            self.logs.flush()  # a rank's last lines before its end
             style = "bold red" if ev.failed else "dim"
             self.err.print(Text(f"[{ev.host} r{ev.rank}] ended: {ev.description}", style=style))
         elif isinstance(ev, Notice):
+            self.logs.flush()
             style = {"error": "bold red", "warning": "yellow"}.get(ev.level, "")
             self.err.print(Text(ev.text, style=style))
         elif isinstance(ev, Waiting):
@@ -136,6 +141,7 @@ class RunView:
         self._phase = None
 
     def _on_phase(self, ev: Phase) -> None:
+        self.logs.flush()
         if ev.name == "wait" and self._phase is not None and self._phase.name == "push":
             # the push's line comes after the wait, counting the hosts that pushed before it too
             self._phase.before += time.monotonic() - self._phase.started
@@ -163,6 +169,7 @@ class RunView:
         self._refresh()
 
     def close(self) -> None:
+        self.logs.flush()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
