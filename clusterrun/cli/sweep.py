@@ -54,12 +54,10 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
     """
     from rich.text import Text
 
-    from ..events import LogLines, Tick
     from ..hosts.manifest import HashCache
     from ..sweep import grid as sw
     from ..sweep.report import rows
-    from ..ui.console import console, log_printer
-    from ..ui.fold import fold_wanted
+    from ..ui.console import console
     from ..ui.tables import show_sweep
 
     inv = load(inventory)
@@ -81,20 +79,8 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
         return _dry_run(inv, points, args, state, console(stderr=False))
     registry = store()
     secrets = secrets_of(inv)
-    # each point has its own number of ranks: a folded line names its ranks, never `r*`
-    printer = log_printer(secrets.values(), fold_wanted(fold, sum(h.slots for h in inv.hosts)))
+    printer, on_run_event = _run_logs(show_logs, fold, sum(h.slots for h in inv.hosts), secrets.values())
     err = console(stderr=True)
-
-    def on_run_event(ev) -> None:
-        if not show_logs:
-            return
-        if isinstance(ev, LogLines):
-            printer.write(ev.host, ev.rank, ev.data, ev.stream)
-        elif isinstance(ev, Tick):
-            printer.tick()
-        else:
-            printer.flush()
-
     runner = sw.PointRunner(store=registry, secrets=secrets, emit=on_run_event, metrics_path=metrics_path,
                             hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
 
@@ -116,6 +102,28 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
         return EXIT_INTERRUPTED
     return EXIT_FAILED if failed or not finished else EXIT_OK
 
+
+
+def _run_logs(show_logs: bool, fold: Optional[bool], ranks: int, secrets):
+    """The printer of --logs and the runs' event handler feeding it (folding from FOLD_AT ranks)."""
+    from ..events import LogLines, Tick
+    from ..ui.console import log_printer
+    from ..ui.fold import fold_wanted
+
+    # each point has its own number of ranks: a folded line names its ranks, never `r*`
+    printer = log_printer(secrets, fold_wanted(fold, ranks))
+
+    def on_run_event(ev) -> None:
+        if not show_logs:
+            return
+        if isinstance(ev, LogLines):
+            printer.write(ev.host, ev.rank, ev.data, ev.stream)
+        elif isinstance(ev, Tick):
+            printer.tick()
+        else:
+            printer.flush()
+
+    return printer, on_run_event
 
 
 def _dry_run(inv, points, args: Sequence[str], state, out: "Console") -> int:

@@ -74,13 +74,14 @@ class Folder:
 
     def add(self, source: Source, data: bytes, now: float) -> List[Folded]:
         """Whole lines of one source; what is due by now (those lines, or older ones)."""
+        out = self.due(now)  # first: a group past its window takes no more lines
         start = 0
         while start < len(data):
             end = data.find(b"\n", start)
             end = len(data) if end < 0 else end + 1
             self._place(source, data[start:end], now)
             start = end
-        return self._release(lambda g: g.at <= now - self.window or self._held > self.max_held)
+        return out + self._release(lambda g: g.at <= now - self.window or self._held > self.max_held)
 
     def due(self, now: float) -> List[Folded]:
         """What has waited its window by now."""
