@@ -161,3 +161,25 @@ def test_the_folding_printer_prints_the_prefix_and_masks_secrets():
     p.flush()
     assert buf.getvalue().decode().splitlines() == ["[node0 setup] pip: installed", "[node[0-1] r*] token *** loaded",
                                                     "[node1 r5] [rank5] odd one"]
+
+
+def test_the_run_view_shows_held_lines_on_the_loops_tick_and_at_its_end(capsysbinary):
+    import time
+
+    from clusterrun.events import TICK, LogLines, RankEnded
+    from clusterrun.ui.run_view import RunView
+
+    view = RunView(quiet=True, fold=True, world=4)
+    for r in range(4):
+        view.handle(LogLines(f"node{r // 2}", r // 2, r, b"NCCL_ASYNC_ERROR_HANDLING is deprecated\n"))
+    view.handle(TICK)
+    assert capsysbinary.readouterr().out == b""  # held for its twins
+    time.sleep(W + 0.01)
+    view.handle(TICK)
+    assert capsysbinary.readouterr().out == b"[node[0-1] r*] NCCL_ASYNC_ERROR_HANDLING is deprecated\n"
+    view.handle(LogLines("node1", 1, 3, b"rank 3: last words\n"))
+    view.handle(RankEnded("node1", 3, "exit code 1", True))  # a rank's last lines come before its end
+    assert capsysbinary.readouterr().out == b"[node1 r3] rank 3: last words\n"
+    view.handle(LogLines("node0", 0, 0, b"bye\n"))
+    view.close()
+    assert capsysbinary.readouterr().out == b"[node0 r0] bye\n"
