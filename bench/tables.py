@@ -74,6 +74,8 @@ METHODS_ATTACHED = ("clusterrun", "floor", "ssh-serial", "pdsh")
 
 HOSTCPU = (("sshd", "sshd & login shells"), ("host_startup", "host program: Python start-up"),
            ("host_receive", "host program: the held push (answer, start, follow)"),
+           ("host_push_start", "… of it, until the rank runs (push answer, start)"),
+           ("host_follow", "… of it, after (follow, the end)"),
            ("host_other", "host program: other commands"), ("supervisor", "supervisor (fork)"),
            ("rank_startup", "rank: Python start-up"), ("rank", "rank: the job (and its stack bootstrap)"),
            ("total", "total (the containers' cgroups)"))

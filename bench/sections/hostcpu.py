@@ -6,7 +6,9 @@ inventory and in the floor's command), which runs what `python ARGS` would and, 
 start-up had cost by then. So each host's CPU of one launch splits into:
   sshd & shells    the container's cgroup total − every Python process's own (sshd, the login shell)
   host program     per command (`receive`: the held push, which answers, starts and, for an attached
-                   launch, follows the logs on its channel; `install`; others), start-up apart
+                   launch, follows the logs on its channel; `install`; others), start-up apart; the held
+                   push split at the moment the rank runs (the rank reads its parent's parent's CPU from
+                   /proc: stamp.py --parent-cpu): answer and start before, follow and the end after
   supervisor       the fork of the start that supervises the ranks
   rank             the job itself (start-up apart)
 The floor runs the same job through the same wrapper: its split is sshd & shells and the rank.
@@ -31,7 +33,8 @@ SECTION = "hostcpu"
 METHODS = ("clusterrun", "floor")
 WRAPPER = f"{HOST_SHARED}/cpupython"
 RECORDS = "cpu-records"
-CATEGORIES = ("sshd", "host_startup", "host_receive", "host_other", "supervisor", "rank_startup", "rank", "total")
+CATEGORIES = ("sshd", "host_startup", "host_receive", "host_push_start", "host_follow", "host_other", "supervisor",
+              "rank_startup", "rank", "total")
 
 
 def install(ctx: Context) -> None:
@@ -84,7 +87,7 @@ def run_section(ctx: Context, reps: int) -> None:
     env = baselines.measured_env()
 
     def clusterrun(tag: str) -> Done:
-        return run(ctx.clusterrun("launch", inv_path, "--", "--tag", tag, "--sleep", "0"), env=ctx.env(),
+        return run(ctx.clusterrun("launch", inv_path, "--", "--tag", tag, "--sleep", "0", "--parent-cpu"), env=ctx.env(),
                    cwd=ctx.cwd, timeout=300, hosts_cpu=cl.hosts_cpu)
 
     def floor(tag: str) -> Done:
@@ -105,6 +108,10 @@ def run_section(ctx: Context, reps: int) -> None:
         if rep < 0:
             return
         cat = split(records)
+        if method == "clusterrun":  # the held push up to the rank's first statement (its parent's parent), then on
+            before = sum(ctx.stamps(tag, "pcpu").values()) - cat.get("host_startup", 0.0)
+            cat["host_push_start"] = before
+            cat["host_follow"] = cat.get("host_receive", 0.0) - before
         cat["total"] = done.hosts_cpu
         cat["sshd"] = done.hosts_cpu - sum(r["cpu"] for r in records)
         ctx.rec.add(SECTION, n, method, "time", done.wall, rep)
