@@ -66,6 +66,19 @@ if "-S" not in flags:
     site.main()
 if "-u" in flags:
     os.environ["PYTHONUNBUFFERED"] = "1"
+PROFILE = None
+if ARGS[0] == "-c" and os.path.exists(os.path.join(OUT, "profile")) and len(ARGS) > 4:
+    import cProfile  # bench/sections/hostcpu.py --profile: where the host program's own CPU goes
+
+    PROFILE = cProfile.Profile()
+
+    def dump():
+        PROFILE.disable()
+        PROFILE.dump_stats(os.path.join(OUT, "prof-%s-%d-%d.pstats" % (ARGS[4], os.getpid(), os.getpid() != START_PID)))
+
+    atexit.register(dump)
+    os._exit = lambda code: (dump(), exit_recorded(code))
+    PROFILE.enable()
 if ARGS[0] == "-c":
     sys.argv = ["-c", *ARGS[2:]]
     code = compile(ARGS[1], "<string>", "exec")

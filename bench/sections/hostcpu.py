@@ -19,6 +19,7 @@ bootstrap, runpy) is in the host program's figures.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections import defaultdict
@@ -42,6 +43,8 @@ def install(ctx: Context) -> None:
     shutil.copy(JOBS / "cpuwrap.py", shared / "cpuwrap.py")
     (shared / RECORDS).mkdir(exist_ok=True)
     (shared / RECORDS).chmod(0o777)
+    if os.environ.get("HOSTCPU_PROFILE"):  # (it costs CPU itself: for where, not for how much)
+        (shared / RECORDS / "profile").touch()
     script = shared / "cpupython"
     script.write_text(f"#!/bin/sh\nexec {HOST_PYTHON} -S {HOST_SHARED}/cpuwrap.py {HOST_SHARED}/{RECORDS} \"$@\"\n")
     script.chmod(0o755)
@@ -49,6 +52,10 @@ def install(ctx: Context) -> None:
 
 def collect(ctx: Context) -> List[dict]:
     folder = ctx.cluster.shared / RECORDS
+    kept = ctx.state.parent / "hostcpu-profiles"  # beside results.json
+    for p in folder.glob("prof-*.pstats"):  # HOSTCPU_PROFILE=1: cProfile of every host program process
+        kept.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(p), kept / p.name)
     out = []
     for p in folder.glob("*.json"):
         out.append(json.loads(p.read_text()))
