@@ -19,7 +19,6 @@ import os
 
 from ..run.start import start_run
 from ..wire import Fail, read_msg, send_msg
-from .job_setup import run_setup
 
 
 def hold(push):
@@ -27,6 +26,8 @@ def hold(push):
     try:
         message = read_msg(push.stdin)
         if "setup" in message:
+            from .job_setup import run_setup  # here: a job without setup never loads subprocess (5 ms a host)
+
             run_setup(push.workdir, push.run_dir, message["setup"], push.stdin)
             message = read_msg(push.stdin)
     except (Fail, EOFError):
