@@ -34,11 +34,11 @@ from bench.cluster import NAME, REPO, SUBNET, BenchCluster  # noqa: E402
 from bench.context import Context, repo_commit  # noqa: E402
 from bench.measure import Recorder  # noqa: E402
 from bench.sections import exec as exec_section  # noqa: E402
-from bench.sections import (attached, claims, launch, logs, profile, pull, push, relay, restarts,  # noqa: E402
-                            stacks, teardown, training)
+from bench.sections import (attached, claims, hostcpu, launch, logs, profile, pull, push, relay,  # noqa: E402
+                            restarts, stacks, teardown, training)
 
 SECTIONS = ("attached", "launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay", "pull",
-            "stacks", "claims")
+            "stacks", "claims", "hostcpu")
 TRAINING_HOSTS = 4  # more ranks than this machine's cores would measure its scheduler, not the launcher
 # sections that move a lot of data or run long per host: measured up to --heavy-max hosts only, so one run can
 # take the launch sections to 64 hosts without pushing 100 MB to each of them
@@ -159,6 +159,7 @@ def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: in
         "pull": lambda: pull.run_section(ctx, reps, a.push_mb, a.push_files),
         "stacks": lambda: stacks.run_section(ctx, reps),
         "claims": lambda: claims.run_section(ctx, reps),
+        "hostcpu": lambda: hostcpu.run_section(ctx, reps),
     }
     sections[name]()
     return True

@@ -72,6 +72,26 @@ def attached(v: View) -> List[str]:
 
 METHODS_ATTACHED = ("clusterrun", "floor", "ssh-serial", "pdsh")
 
+HOSTCPU = (("sshd", "sshd & login shells"), ("host_startup", "host program: Python start-up"),
+           ("host_receive", "host program: the held push (answer, start, follow)"),
+           ("host_push_start", "… of it, until the rank runs (push answer, start)"),
+           ("host_follow", "… of it, after (follow, the end)"),
+           ("host_other", "host program: other commands"), ("supervisor", "supervisor (fork)"),
+           ("rank_startup", "rank: Python start-up"), ("rank", "rank: the job (and its stack bootstrap)"),
+           ("total", "total (the containers' cgroups)"))
+
+
+def hostcpu(v: View) -> List[str]:
+    """Each host's CPU in an attached launch, by process (bench/sections/hostcpu.py)."""
+    sizes = v.hosts("hostcpu")
+    rows = [[label] + [f"{num(v('hostcpu', h, 'clusterrun', 'cpu_' + key), 0)} / "
+                       f"{num(v('hostcpu', h, 'floor', 'cpu_' + key), 0)}" for h in sizes] for key, label in HOSTCPU]
+    return ["## Per-host CPU of an attached launch, by process", "",
+            "Milliseconds of CPU per host, clusterrun / the whole-process floor (the same job, `stamp.py --sleep 0`), "
+            "medians. Every Python process on the hosts runs under bench/jobs/cpuwrap.py, which writes its own "
+            "CPU as it ends; sshd & shells is the rest of the containers' cgroup total.", ""] + table(
+        ["where"] + [f"{h} hosts" for h in sizes], rows)
+
 
 def launch(v: View) -> List[str]:
     rows = []
@@ -249,7 +269,7 @@ def markdown(data: dict) -> str:
            f"Command: `{meta.get('command', '')}`.", ""]
     for name, part in (("attached", attached), ("launch", launch), ("push", lambda v: push(v, meta)), ("logs", logs),
                        ("teardown", teardown), ("training", training), ("pull", lambda v: pull(v, meta)),
-                       ("stacks", stacks)):
+                       ("stacks", stacks), ("hostcpu", hostcpu)):
         if v.hosts(name):
             out += part(v)
     out += scaling(v)

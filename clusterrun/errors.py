@@ -328,5 +328,20 @@ class RunEnded(UsageError):
     """A command that reads a live run (`stacks`) on one that has ended: nothing to read (exit 2)."""
 
 
+class FdLimitTooLow(UsageError):
+    """The hosts need more open files than this process's hard limit allows (hosts/fds.py): exit 2,
+    before any host is touched."""
+
+    def __init__(self, hosts: int, ranks: int, needed: int, hard: int, what: str = ""):
+        self.hosts, self.ranks, self.needed, self.hard, self.what = hosts, ranks, needed, hard, what
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        of = f"{self.what}: " if self.what else ""
+        return (f"{of}{self.hosts} hosts ({self.ranks} ranks) need about {self.needed} open files at once, and this "
+                f"process may open at most {self.hard} (the hard limit, `ulimit -Hn`): raise it to {self.needed} or "
+                f"more (`nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service), or use fewer hosts")
+
+
 class SecretMissing(UsageError):
     pass

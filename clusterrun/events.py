@@ -63,6 +63,15 @@ class LogLines:
 
 
 @dataclass(frozen=True)
+class Tick:
+    """The run's loop went round (every 50 ms at most while the ranks run): the renderer's moment to show
+    lines it holds back to fold (ui.fold)."""
+
+
+TICK = Tick()
+
+
+@dataclass(frozen=True)
 class RankSeen:
     """Under torchrun: a host's workers got their global ranks from the rendezvous; this rank is there."""
 

@@ -15,6 +15,23 @@ def stamp(folder, name, value):
     os.replace(tmp, os.path.join(folder, name))
 
 
+def ppid_of(pid):
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def cpu_of(pid):
+    """CPU seconds a process has used so far: schedstat's nanoseconds where the kernel keeps them, else
+    stat's utime + stime in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as fh:
+            return int(fh.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rank", type=int, required=True)
@@ -22,10 +39,14 @@ def main():
     p.add_argument("--tag", required=True)
     p.add_argument("--sleep", type=float, default=0.5)
     p.add_argument("--shared", default="/shared/bench")
+    p.add_argument("--parent-cpu", action="store_true",
+                   help="also stamp the CPU so far of the process that started this rank's parent (hostcpu)")
     a, _ = p.parse_known_args()
     folder = os.path.join(a.shared, a.tag)
     os.makedirs(folder, exist_ok=True)
     stamp(folder, f"start-{a.rank}", T_START)
+    if a.parent_cpu:
+        stamp(folder, f"pcpu-{a.rank}", cpu_of(ppid_of(os.getppid())))
     time.sleep(a.sleep)
     stamp(folder, f"end-{a.rank}", time.time())
 

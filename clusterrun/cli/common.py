@@ -33,6 +33,9 @@ def load(path: str, script: Optional[str] = None, args: Optional[Sequence[str]] 
 
     inv = with_overrides(load_inventory(path), script=script, args=None if args is None else list(args),
                          module=module)
+    from ..hosts.fds import ensure_fds
+
+    ensure_fds(len(inv.hosts), sum(h.slots for h in inv.hosts), what=path)
     if any(h.connection == "ssh" for h in inv.hosts):
         from ..config.ssh_config import with_config_addresses
         from ..transport.openssh import config_options
@@ -101,9 +104,12 @@ def store():
 
 
 def connect_for(record):
-    """A connect function for the hosts of a recorded run, with the timeouts it was launched with."""
+    """A connect function for the hosts of a recorded run, with the timeouts it was launched with (and the
+    open files its hosts need)."""
+    from ..hosts.fds import ensure_fds
     from ..runs.nodes import connect_for
 
+    ensure_fds(len(record.hosts), len(record.ranks), what=f"run {record.id}")
     return connect_for(record)
 
 

@@ -27,9 +27,13 @@ if TYPE_CHECKING:
 @click.option("--wait-timeout", metavar="D", default=None, help="With --wait: give up after D (90s, 30m, 2h); exit 5.")
 @click.option("--no-gpu-check", is_flag=True, help="Skip the GPU preflight before the ranks start (docs/gpus.md).")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
+@click.option("--fold/--no-fold", default=None,
+              help="The same line from many ranks at once shown once, with their set ([node[0-7] r*]); "
+                   "default: on from 16 ranks.")
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
 def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run: bool, detach: bool, wait: bool,
-           wait_timeout: Optional[str], no_gpu_check: bool, as_json: bool, job_args: Sequence[str]) -> int:
+           wait_timeout: Optional[str], no_gpu_check: bool, as_json: bool, fold: Optional[bool],
+           job_args: Sequence[str]) -> int:
     """Push the job to every host of INVENTORY, start all ranks, stream their logs, stop all on failure.
 
     Arguments after `--` replace job.args: clusterrun launch inv.yaml -- --epochs 3
@@ -52,7 +56,7 @@ def launch(inventory: str, script: Optional[str], module: Optional[str], dry_run
     run_id = new_run_id()
     if dry_run:  # shows secret names only, so it needs no values
         return _dry_run(inv, run_id, as_json)
-    return _launch(inv, run_id, secrets_of(inv), detach, wait, timeout)
+    return _launch(inv, run_id, secrets_of(inv), detach, wait, timeout, fold)
 
 
 def _duration(text: str) -> float:
@@ -127,7 +131,7 @@ def _routes(inv: "Inventory") -> dict:
 
 
 def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool, wait: bool = False,
-            wait_timeout: Optional[float] = None) -> int:
+            wait_timeout: Optional[float] = None, fold: Optional[bool] = None) -> int:
     from ..hosts.client import make_connect
 
     connect = make_connect(inv.timeouts, ahead=inv.hosts)  # the handshakes go on while the rest loads
@@ -143,7 +147,11 @@ def _launch(inv: "Inventory", run_id: str, secrets: dict, detach: bool, wait: bo
     from ..clean.retention import AfterLaunch
 
     registry = store()
-    view = RunView(secrets=secrets.values(), inventory=inv.path, hosts=len(inv.hosts))
+    from ..ui.fold import fold_wanted
+
+    world = sum(h.slots for h in inv.hosts)
+    view = RunView(secrets=secrets.values(), inventory=inv.path, hosts=len(inv.hosts),
+                   fold=fold_wanted(fold, world), world=world)
     retention = AfterLaunch(inv)
 
     def emit(ev: object) -> None:

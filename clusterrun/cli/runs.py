@@ -89,17 +89,19 @@ def _host_claims(inventory: str, as_json: bool) -> int:
 @click.option("--tail", type=click.IntRange(min=0), default=None, help="Only the last N lines of each rank first.")
 @click.option("--attempt", "attempt_no", type=int, default=None,
               help="A run that restarted (job.restarts): the logs of attempt N (1 = the first; default: the last).")
+@click.option("--fold", is_flag=True, help="The same line from many ranks shown once, with their set "
+                                           "([node[0-7] r*]); the ranks' logs side by side.")
 def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[int],
-         attempt_no: Optional[int]) -> int:
+         attempt_no: Optional[int], fold: bool) -> int:
     """Show (or follow) the logs of RUN (an id, a unique prefix, or `latest`), fetched from its hosts.
 
     With -f, the exit code is the run's (0 succeeded, 1 failed, 4 time limit, 130 interrupted).
     """
     from rich.text import Text
 
-    from ..runs.logs import fetch_logs, replay_copies, select_logs
+    from ..runs.logs import fetch_logs, select_logs
     from ..states import RunState
-    from ..ui.console import LogPrinter, console
+    from ..ui.console import console, log_printer
 
     registry = store()
     run_id = registry.resolve(run)
@@ -107,8 +109,8 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
     # mask the run's secrets where this shell has their values
     names = record.plan.get("secret_names", [])
     secrets = [os.environ[n] for n in names if n in os.environ]
-    printer = LogPrinter(secrets=secrets)
     sel = select_logs(record, attempt_no, ranks)
+    printer = log_printer(secrets, fold, len(sel.host_of))
     follow = follow and sel.followable  # an attempt before the last one has ended
     err = console(stderr=True)
     if sel.attempts > 1:
@@ -116,8 +118,7 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
                        + ("" if attempt_no else " (--attempt N for another)"), style="dim"))
 
     def show_copies() -> None:
-        for ev in replay_copies(registry, record, sel, tail=tail, aux=not ranks):
-            printer.write(ev.host, None if ev.rank < 0 else ev.rank, ev.data, ev.stream)
+        _show_copies(registry, record, sel, tail, not ranks, secrets, fold)
 
     wanted = set(sel.ranks)
     stop_flag: List[bool] = []
@@ -130,7 +131,8 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
         fetch_logs(registry, run_id, connect_for(record), follow=follow, stop_flag=stop_flag,
                    on_lines=lambda ev: ev.rank in wanted and printer.write(ev.host, ev.rank, ev.data),
                    on_problem=lambda text: err.print(Text(text, style="yellow")),
-                   before_follow=show_copies, attempt=sel.attempt)
+                   before_follow=show_copies, attempt=sel.attempt, on_idle=printer.tick)
+        printer.flush()
         if follow and not stop_flag:
             record = _follow_later_attempts(registry, record, sel.attempt, printer, wanted, stop_flag, err)
     if not follow:
@@ -140,6 +142,28 @@ def logs(run: Optional[str], follow: bool, ranks: Sequence[int], tail: Optional[
         err.print(Text(f"stopped following; run {run_id} goes on (`clusterrun stop {run_id}` ends it)", style="dim"))
         return EXIT_INTERRUPTED
     return _closing_summary(record, secrets)
+
+
+def _show_copies(registry, record, sel, tail: Optional[int], aux: bool, secrets, fold: bool) -> None:
+    """The local copies on stdout: rank after rank, or with fold side by side, folded line by line."""
+    from ..runs.logs import log_copies, replay_copies, replay_interleaved
+    from ..ui.console import FoldingPrinter, LogPrinter
+    from ..ui.fold import REPLAY_WINDOW, Folder
+
+    printer = LogPrinter(secrets=secrets)
+    if not fold:
+        for ev in replay_copies(registry, record, sel, tail=tail, aux=aux):
+            printer.write(ev.host, None if ev.rank < 0 else ev.rank, ev.data, ev.stream)
+        return
+    step = [0]
+    folding = FoldingPrinter(printer, len(sel.host_of), Folder(window=REPLAY_WINDOW), clock=lambda: step[0],
+                             hold_setup=True)
+    copies = log_copies(registry, record, sel, aux)
+    # every host's setup side by side first (it ran before any rank), then the ranks and torchrun's messages
+    for part in ([c for c in copies if c[3] == "setup"], [c for c in copies if c[3] != "setup"]):
+        for step[0], ev in replay_interleaved(part, tail):
+            folding.write(ev.host, ev.rank, ev.data, ev.stream)
+        folding.flush()
 
 
 def _await_turn(registry, record, err, secrets):
@@ -185,7 +209,9 @@ def _follow_later_attempts(registry, record, attempt: int, printer, wanted, stop
         err.print(Text(f"attempt {attempt + 1} of {record.restarts + 1}", style="bold"))
         fetch_logs(registry, record.id, connect_for(record), follow=True, stop_flag=stop_flag,
                    on_lines=lambda ev: ev.rank in wanted and printer.write(ev.host, ev.rank, ev.data),
-                   on_problem=lambda text: err.print(Text(text, style="yellow")), attempt=attempt)
+                   on_problem=lambda text: err.print(Text(text, style="yellow")), attempt=attempt,
+                   on_idle=printer.tick)
+        printer.flush()
 
 
 def _closing_summary(record, secrets) -> int:

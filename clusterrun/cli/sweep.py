@@ -40,23 +40,24 @@ def _int_list(text: str, option: str) -> List[int]:
               help="Rank 0's metrics file, relative to the job folder.")
 @click.option("--fail-fast", is_flag=True, help="Stop at the first failed point.")
 @click.option("--logs", "show_logs", is_flag=True, help="Show the ranks' output too.")
+@click.option("--fold/--no-fold", default=None,
+              help="With --logs: the same line from many ranks shown once with their set (default: from 16 ranks).")
 @click.option("--note", default=None, help="A line under the plots' titles (say what machines these were).")
 @click.option("--dry-run", is_flag=True, help="List the points and what each would run; touch nothing.")
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
 def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[str], data_sizes: Optional[str],
           repeat: int, out_dir: Optional[str], metrics_path: str, fail_fast: bool, show_logs: bool,
-          note: Optional[str], dry_run: bool, job_args: Sequence[str]) -> int:
+          fold: Optional[bool], note: Optional[str], dry_run: bool, job_args: Sequence[str]) -> int:
     """Run a grid of ordinary runs (nodes x batch size x init method x data size) and plot the results.
 
     Re-running the same command resumes: points already done are skipped.
     """
     from rich.text import Text
 
-    from ..events import LogLines
     from ..hosts.manifest import HashCache
     from ..sweep import grid as sw
     from ..sweep.report import rows
-    from ..ui.console import LogPrinter, console
+    from ..ui.console import console
     from ..ui.tables import show_sweep
 
     inv = load(inventory)
@@ -78,22 +79,19 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
         return _dry_run(inv, points, args, state, console(stderr=False))
     registry = store()
     secrets = secrets_of(inv)
-    printer = LogPrinter(secrets=secrets.values())
+    printer, on_run_event = _run_logs(show_logs, fold, sum(h.slots for h in inv.hosts), secrets.values())
     err = console(stderr=True)
-
-    def on_run_event(ev) -> None:
-        if show_logs and isinstance(ev, LogLines):
-            printer.write(ev.host, ev.rank, ev.data)
-
     runner = sw.PointRunner(store=registry, secrets=secrets, emit=on_run_event, metrics_path=metrics_path,
                             hash_cache=HashCache(os.path.join(registry.home, "hashes.json")))
 
     def on_point(ev: "sw.PointEvent") -> None:
+        printer.flush()
         err.print(_point_line(ev))
 
     with forward_signals(runner.interrupt):
         finished = sw.run_sweep(inv, points, args, state, runner, on_point, fail_fast=fail_fast,
                                 interrupted=lambda: runner.interrupted)
+    printer.flush()
     table = rows(sw.points_in(state, points))
     written = _write_results(folder, table, note or f"{len(inv.hosts)}-host inventory {os.path.basename(inventory)}",
                              err)
@@ -104,6 +102,28 @@ def sweep(inventory: str, nodes: str, batch_sizes: str, init_methods: Optional[s
         return EXIT_INTERRUPTED
     return EXIT_FAILED if failed or not finished else EXIT_OK
 
+
+
+def _run_logs(show_logs: bool, fold: Optional[bool], ranks: int, secrets):
+    """The printer of --logs and the runs' event handler feeding it (folding from FOLD_AT ranks)."""
+    from ..events import LogLines, Tick
+    from ..ui.console import log_printer
+    from ..ui.fold import fold_wanted
+
+    # each point has its own number of ranks: a folded line names its ranks, never `r*`
+    printer = log_printer(secrets, fold_wanted(fold, ranks))
+
+    def on_run_event(ev) -> None:
+        if not show_logs:
+            return
+        if isinstance(ev, LogLines):
+            printer.write(ev.host, ev.rank, ev.data, ev.stream)
+        elif isinstance(ev, Tick):
+            printer.tick()
+        else:
+            printer.flush()
+
+    return printer, on_run_event
 
 
 def _dry_run(inv, points, args: Sequence[str], state, out: "Console") -> int:

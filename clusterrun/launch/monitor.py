@@ -10,7 +10,7 @@ from typing import Callable, Dict, Optional, Set, Union
 
 from ..config.inventory import Timeouts
 from ..errors import HostError
-from ..events import HostRestarts, Notice, Phase, RankEnded, RankSeen, Rendezvous, Stuck, counted
+from ..events import HostRestarts, Notice, Phase, RankEnded, RankSeen, Rendezvous, Stuck, TICK, counted
 from ..hosts.client import HostClient
 from ..hosts.follow import FollowDone, Follower, HostLost, LogFiles, PeerLost, RankExit, RunGone
 from ..hosts.group import fan_out_background
@@ -76,6 +76,7 @@ class Monitor:
         nodes = {n.node_rank for n in self.plan.nodes}
         while True:
             self._handle_events()
+            self._emit(TICK)
             self._act_on_signals()
             self._check_time_limit()
             if self._followed | set(self._lost) >= nodes and not self._stops_awaited():

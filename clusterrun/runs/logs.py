@@ -110,14 +110,53 @@ def replay_copies(store: RunStore, record: RunRecord, sel: LogSelection, *, tail
                   aux: bool = True) -> Iterator[LogLines]:
     """The local log copies of the selection, in order: each host's other output first (its setup,
     torchrun's own messages) when aux, then every rank's; with tail, the last N lines of each."""
+    for path, host, rank, stream in log_copies(store, record, sel, aux):
+        yield from _replay(path, host, rank, stream, tail)
+
+
+Copy = Tuple[str, str, int, str]  # (path, host, rank, stream): a local log copy; rank -1 for a host's other output
+
+
+def replay_interleaved(copies: Sequence[Copy], tail: Optional[int] = None) -> Iterator[Tuple[int, LogLines]]:
+    """The lines of these copies one at a time, side by side: each copy's first line, then each one's
+    second, and so on, with that number (`logs --fold`: the files keep no times, so lines are folded by
+    how far into its log each came)."""
+    lines = [_lines_of(path, tail) for path, _, _, _ in copies]
+    sources = [(host, rank, stream) for _, host, rank, stream in copies]
+    live = list(range(len(lines)))
+    step = 0
+    while live:
+        for i in list(live):
+            line = next(lines[i], None)
+            if line is None:
+                live.remove(i)
+                continue
+            host, rank, stream = sources[i]
+            yield step, LogLines(host, -1, rank, line, stream)
+        step += 1
+
+
+def log_copies(store: RunStore, record: RunRecord, sel: LogSelection, aux: bool) -> List[Copy]:
+    """Each local copy of the selection, in replay_copies' order (aux: the hosts' other output too)."""
+    out = []
     if aux:
         for h in record.hosts:
             if sel.attempt == 0:
-                yield from _replay(store.aux_log_path(sel.run_id, h.name, "setup"), h.name, -1, "setup", tail)
-            yield from _replay(store.aux_log_path(sel.run_id, h.name, "torchrun", sel.attempt), h.name, -1,
-                               "torchrun", tail)
-    for rank in sel.ranks:
-        yield from _replay(store.log_path(sel.run_id, rank, sel.attempt), sel.host_of[rank], rank, "", tail)
+                out.append((store.aux_log_path(sel.run_id, h.name, "setup"), h.name, -1, "setup"))
+            out.append((store.aux_log_path(sel.run_id, h.name, "torchrun", sel.attempt), h.name, -1, "torchrun"))
+    return out + [(store.log_path(sel.run_id, rank, sel.attempt), sel.host_of[rank], rank, "") for rank in sel.ranks]
+
+
+def _lines_of(path: str, tail: Optional[int]) -> Iterator[bytes]:
+    """A copy's lines (each ending in a newline), read as they are needed; nothing when it is absent."""
+    if not os.path.exists(path):
+        return
+    if tail is not None:
+        yield from (line.encode() + b"\n" for line in tail_lines(path, tail))
+        return
+    with open(path, "rb") as fh:
+        for line in fh:
+            yield line if line.endswith(b"\n") else line + b"\n"
 
 
 def _replay(path: str, host: str, rank: int, stream: str, tail: Optional[int]) -> Iterator[LogLines]:
@@ -141,10 +180,12 @@ def _replay(path: str, host: str, rank: int, stream: str, tail: Optional[int]) -
 def fetch_logs(store: RunStore, run_id: str, connect: Connect, *, follow: bool,
                on_lines: Callable[[LogLines], None], on_problem: Callable[[str], None],
                before_follow: Callable[[], None] = lambda: None, stop_flag: Optional[list] = None,
-               host_lost_s: float = 15.0, attempt: Optional[int] = None) -> None:
+               host_lost_s: float = 15.0, attempt: Optional[int] = None,
+               on_idle: Callable[[], None] = lambda: None) -> None:
     """Bring the local log copies up to date from the hosts (by byte offset); with follow, keep going and
     hand every new line to on_lines until every rank has ended or stop_flag gets an element. attempt: which
-    attempt's logs (job.restarts; the current one when None)."""
+    attempt's logs (job.restarts; the current one when None); on_idle: called at least every 50 ms while
+    following (a folding printer shows what it held)."""
     fetch = _LogFetch(store, run_id, connect, host_lost_s, attempt)
     for name, err in fetch.connected.failed.items():
         on_problem(f"{name}: {err.message}; showing the local copy of its logs")
@@ -155,7 +196,7 @@ def fetch_logs(store: RunStore, run_id: str, connect: Connect, *, follow: bool,
                                            if n.host.name in fetch.gone}))
         if follow:
             before_follow()
-            fetch.pump(fetch.start(once=False), on_lines, on_problem, stop_flag)
+            fetch.pump(fetch.start(once=False), on_lines, on_problem, stop_flag, on_idle)
     finally:
         for c in fetch.clients.values():
             c.close()
@@ -204,14 +245,17 @@ class _LogFetch:
                         out=self.events, host_lost_s=self.host_lost_s, offsets=offsets, once=once, aux=self.aux)
 
     def pump(self, followers: List[Follower], on_lines: Optional[Callable[[LogLines], None]],
-             on_problem: Callable[[str], None], stop_flag: Optional[list]) -> None:
+             on_problem: Callable[[str], None], stop_flag: Optional[list],
+             on_idle: Callable[[], None] = lambda: None) -> None:
         live = {f.node_rank for f in followers}
         while live and not (stop_flag and stop_flag[0]):
             try:
-                ev = self.events.get(timeout=0.1)
+                ev = self.events.get(timeout=0.05)
             except queue.Empty:
+                on_idle()
                 continue
             self._handle(ev, live, on_lines, on_problem)
+            on_idle()
         for f in followers:
             f.stop()
         for f in followers:

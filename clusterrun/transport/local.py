@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
 import socket
 import subprocess
 import tempfile
@@ -11,6 +10,7 @@ from typing import Optional, Sequence
 
 from ..errors import NothingListens, RemoteCommandError
 from . import Completed, StreamClosed, run_on
+from .waiting import ready
 
 
 # What a local host program gets of the controller's environment: what an SSH login would give it (and
@@ -49,8 +49,7 @@ class LocalStream:
             pass
 
     def read(self, n: int, timeout: Optional[float]) -> bytes:
-        ready, _, _ = select.select([self._out_fd], [], [], timeout)
-        if not ready:
+        if not ready(self._out_fd, timeout):
             raise TimeoutError
         return os.read(self._out_fd, n)
 
@@ -101,7 +100,7 @@ class LocalTunnel:
             return 0
 
     def writable(self) -> bool:
-        return bool(select.select([], [self._sock], [], 0)[1])
+        return ready(self._sock.fileno(), 0, write=True)
 
     def shutdown_write(self) -> None:
         try:

@@ -5,10 +5,14 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import tempfile
+import time
 
 import paramiko
+
+from .waiting import ready
 
 STDERR_SHOWN = 2000
 
@@ -23,6 +27,26 @@ class ShellProxyCommand(paramiko.ProxyCommand):
         self.process = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self._stderr, bufsize=0, start_new_session=True)
         self.timeout = None
+
+    def recv(self, size: int) -> bytes:
+        """paramiko's, with poll() for its select(): past 1023 open files select refuses the pipe."""
+        buffer = b""
+        start = time.monotonic()
+        fd = self.process.stdout.fileno()
+        while len(buffer) < size:
+            left = None if self.timeout is None else self.timeout - (time.monotonic() - start)
+            if left is not None and left <= 0:
+                if buffer:
+                    return buffer
+                raise socket.timeout()
+            try:
+                chunk = os.read(fd, size - len(buffer)) if ready(fd, left) else None
+            except OSError as exc:
+                raise paramiko.ProxyCommandFailure(" ".join(self.cmd), exc.strerror) from None
+            if chunk == b"":  # the proxy ended: b"" as a closed socket says (paramiko's loops on it)
+                return buffer
+            buffer += chunk or b""
+        return buffer
 
     def stderr_tail(self) -> str:
         """The last of what the proxy printed on stderr (its reason, when it failed)."""

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import BinaryIO, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence
 
 from rich.console import Console
 from rich.style import Style
+
+if TYPE_CHECKING:
+    from .fold import Folder, Source
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
 
@@ -69,13 +72,86 @@ class LogPrinter:
         return self._prefix[key]
 
     def write(self, host: str, rank: Optional[int], data: bytes, stream: str = "") -> None:
-        if not data:
+        if data:
+            self._write(self.prefix(host, rank, stream), data)
+
+    def write_folded(self, sources: Sequence["Source"], data: bytes, world: Optional[int] = None) -> None:
+        """Lines several sources printed alike, under their set (`[node[0-7] r*]`); one source as write does."""
+        if len(sources) == 1:
+            host, rank, stream = sources[0]
+            self.write(host, rank, data, stream)
             return
+        from .fold import group_label
+
+        text = f"[{group_label(sources, world)}]"
+        hosts = {s[0] for s in sources}
+        if self.color:
+            color = self._host_color.setdefault(next(iter(hosts)), PALETTE[len(self._host_color) % len(PALETTE)]) \
+                if len(hosts) == 1 else None
+            text = Style(color=color, bold=True).render(text)
+        self._write(text.encode() + b" ", data)
+
+    def tick(self) -> None:
+        """Nothing held here (FoldingPrinter holds lines)."""
+
+    def flush(self) -> None:
+        """Nothing held here (FoldingPrinter holds lines)."""
+
+    def _write(self, prefix: bytes, data: bytes) -> None:
         for value in self.secrets:
             if value in data:
                 data = data.replace(value, MASK)
-        prefix = self.prefix(host, rank, stream)
         body = data[:-1] if data.endswith(b"\n") else data
         # one C-level replace per batch rather than a Python step per line (a flood is ~1M lines/s)
         self.out.write(prefix + body.replace(b"\n", b"\n" + prefix) + b"\n")
         self.out.flush()
+
+
+class FoldingPrinter:
+    """A LogPrinter behind a fold.Folder: the same line from many ranks within the window shown once,
+    with their set. Lines of `setup` (before the run's loop, which calls tick) are shown as they come,
+    unless hold_setup (a replay, whose clock is the line number)."""
+
+    def __init__(self, printer: LogPrinter, world: Optional[int] = None, folder: Optional["Folder"] = None,
+                 clock: Optional[Callable[[], float]] = None, hold_setup: bool = False):
+        import time
+
+        from .fold import Folder
+
+        self.printer = printer
+        self.world = world
+        self.folder = folder or Folder()
+        self.clock = clock or time.monotonic
+        self.hold_setup = hold_setup
+
+    @property
+    def secrets(self) -> List[bytes]:
+        return self.printer.secrets
+
+    def write(self, host: str, rank: Optional[int], data: bytes, stream: str = "") -> None:
+        if not data:
+            return
+        if stream == "setup" and not self.hold_setup:
+            self.printer.write(host, rank, data, stream)
+            return
+        source = (host, None if rank is None or rank < 0 else rank, stream)
+        self._show(self.folder.add(source, data, self.clock()))
+
+    def tick(self) -> None:
+        """Show what has waited its window."""
+        if self.folder.held:
+            self._show(self.folder.due(self.clock()))
+
+    def flush(self) -> None:
+        """Show everything held."""
+        self._show(self.folder.flush())
+
+    def _show(self, folded) -> None:
+        for f in folded:
+            self.printer.write_folded(f.sources, f.data, self.world)
+
+
+def log_printer(secrets: Iterable[str] = (), fold: bool = False, world: Optional[int] = None):
+    """A LogPrinter, behind a FoldingPrinter when fold."""
+    printer = LogPrinter(secrets=secrets)
+    return FoldingPrinter(printer, world) if fold else printer

@@ -11,11 +11,12 @@ from typing import Dict, Iterable, Optional
 
 from rich.text import Text
 
-from ..events import Forwarded, HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Starting, Waiting
+from ..events import (Forwarded, HostDone, HostProgress, LogLines, Notice, Phase, RankEnded, Starting, Tick,
+                      Waiting)
 from ..outcome import RunOutcome, hint_for
 from ..states import RankState, RunState
 from ..config.sizes import size_text
-from .console import LogPrinter, console, mask_text
+from .console import console, log_printer, mask_text
 
 
 class _PhaseTally:
@@ -69,10 +70,11 @@ class RunView:
     """Renders a run's events: progress on stderr, logs on stdout."""
 
     def __init__(self, *, quiet: bool = False, secrets: Iterable[str] = (), inventory: str = "INVENTORY",
-                 hosts: int = 0):
+                 hosts: int = 0, fold: bool = False, world: Optional[int] = None):
+        """fold: the same line from many ranks shown once with their set (ui.fold); world: the run's ranks."""
         self.err = console(stderr=True)
         self.inventory = inventory  # named in hints
-        self.logs = LogPrinter(secrets=secrets)
+        self.logs = log_printer(secrets, fold, world)
         self.quiet = quiet
         self.hosts = hosts  # how many the launch has (the live widget's "3/16 hosts")
         self._live = self.err.is_terminal and not quiet
@@ -84,32 +86,43 @@ class RunView:
     def handle(self, ev: object) -> None:
         if isinstance(ev, LogLines):
             self.logs.write(ev.host, ev.rank, ev.data, ev.stream)
+        elif isinstance(ev, Tick):
+            self.logs.tick()
         elif isinstance(ev, Phase):
             self._on_phase(ev)
-        elif isinstance(ev, HostProgress):
-            if self._phase is not None:
-                self._phase.progress[ev.host] = (ev.done, ev.total)
-                self._refresh()
-        elif isinstance(ev, HostDone):
-            if self._phase is not None:
-                self._phase.host_done(ev)
-                self._refresh()
+        elif isinstance(ev, (HostProgress, HostDone)):
+            self._on_host(ev)
         elif isinstance(ev, RankEnded):
+            self.logs.flush()  # a rank's last lines before its end
             style = "bold red" if ev.failed else "dim"
             self.err.print(Text(f"[{ev.host} r{ev.rank}] ended: {ev.description}", style=style))
         elif isinstance(ev, Notice):
+            self.logs.flush()
             style = {"error": "bold red", "warning": "yellow"}.get(ev.level, "")
             self.err.print(Text(ev.text, style=style))
         elif isinstance(ev, Waiting):
             self._on_waiting(ev)
         elif isinstance(ev, Starting):  # job.start order rank: which host starts now
-            target = self._progress.console if self._progress is not None else self.err
-            if not self.quiet:
-                target.print(Text(ev.describe(), style="dim"))
+            self._on_starting(ev)
         elif isinstance(ev, Forwarded):
             from .ports import banner
 
             self.err.print(Text(banner(ev.remote, ev.local, ev.host)))
+
+    def _on_host(self, ev: object) -> None:
+        """A host's progress in the phase under way, or its part of it done."""
+        if self._phase is None:
+            return
+        if isinstance(ev, HostDone):
+            self._phase.host_done(ev)
+        else:
+            self._phase.progress[ev.host] = (ev.done, ev.total)
+        self._refresh()
+
+    def _on_starting(self, ev: Starting) -> None:
+        target = self._progress.console if self._progress is not None else self.err
+        if not self.quiet:
+            target.print(Text(ev.describe(), style="dim"))
 
     def _on_waiting(self, ev: Waiting) -> None:
         """launch --wait: a line each time its place in line changes (what it waits for, on which host)."""
@@ -140,6 +153,7 @@ class RunView:
         self._phase = None
 
     def _on_phase(self, ev: Phase) -> None:
+        self.logs.flush()
         if ev.name == "wait" and self._phase is not None and self._phase.name == "push":
             # the push's line comes after the wait, counting the hosts that pushed before it too
             self._phase.before += time.monotonic() - self._phase.started
@@ -167,6 +181,7 @@ class RunView:
         self._refresh()
 
     def close(self) -> None:
+        self.logs.flush()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None

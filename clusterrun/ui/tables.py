@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
@@ -15,6 +14,7 @@ from rich.text import Text
 from ..errors import HostError
 from ..events import counted
 from ..registry.store import RunRecord
+from .fold import host_ranges
 
 if TYPE_CHECKING:  # `ps` renders runs without loading the planner (and with it the inventory and YAML)
     from ..clean.apply import HostClean
@@ -196,37 +196,6 @@ def show_sweep(table: Sequence[dict], out: Console) -> None:
                        num(r["samples_per_s"], ".0f"), num(r["speedup"], ".2f"), num(r["efficiency"], ".0%"),
                        num(r["final_loss"], ".3f"), num(r["test_accuracy"], ".3f"))
     out.print(result)
-
-
-def host_ranges(names: Sequence[str]) -> str:
-    """node0,node1,node2,gpu1 → node[0-2],gpu1 (pdsh's and dshbak's notation), in the order first seen.
-    Zero-padded numbers (node01) are left as they are: folding them would change the names."""
-    numbered: Dict[str, list] = {}
-    order: list = []
-    for name in names:
-        m = re.fullmatch(r"(.*?)(\d+)", name)
-        if m and (m.group(2) == "0" or not m.group(2).startswith("0")):
-            key = ("n", m.group(1))
-            numbered.setdefault(m.group(1), []).append(int(m.group(2)))
-        else:
-            key = ("x", name)
-        if key not in order:
-            order.append(key)
-    parts = []
-    for kind, value in order:
-        if kind == "x":
-            parts.append(value)
-            continue
-        numbers = sorted(set(numbered[value]))
-        spans = [[numbers[0], numbers[0]]]
-        for n in numbers[1:]:
-            if n == spans[-1][1] + 1:
-                spans[-1][1] = n
-            else:
-                spans.append([n, n])
-        text = ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
-        parts.append(f"{value}{text}" if len(spans) == 1 and spans[0][0] == spans[0][1] else f"{value}[{text}]")
-    return ",".join(parts)
 
 
 def fold_outputs(outputs: Sequence[Tuple[str, bytes]]) -> list:

@@ -1,7 +1,6 @@
 """The host's content cache: objects named by their SHA-256 (`cache/objects/ab/abcd…`, `-x` when executable),
 and the index of what each looked like when stored (CacheIndex)."""
 
-import hashlib
 import os
 import time
 
@@ -120,6 +119,8 @@ def _look(st):
 
 
 def _sha256(path):
+    import hashlib  # here: an unchanged push hashes nothing, and loading OpenSSL's costs 4 ms a host
+
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(CHUNK), b""):

@@ -21,9 +21,6 @@ import os
 
 from ..run.start import start_run
 from ..wire import Fail, read_msg, send_msg
-from .job_setup import run_setup
-from ..env.build import run_environment
-from ..env.fingerprint import of_interpreter as interpreter_fingerprint
 
 
 def hold(push):
@@ -31,6 +28,8 @@ def hold(push):
     try:
         message = read_msg(push.stdin)
         if "environment" in message:
+            from ..env.build import run_environment  # here: only a job.environment loads the builder
+
             answer, ready = run_environment(push.workdir, push.run_dir, message["environment"], push.stdin)
             if not ready:
                 push.undo()  # nothing half-done stays (the controller has the log's lines), then the answer
@@ -39,9 +38,13 @@ def hold(push):
             send_msg(answer)
             message = read_msg(push.stdin)
         if "fingerprint" in message:
+            from ..env.fingerprint import of_interpreter as interpreter_fingerprint
+
             send_msg({"fingerprint": interpreter_fingerprint(push.workdir)})
             message = read_msg(push.stdin)
         if "setup" in message:
+            from .job_setup import run_setup  # here: a job without setup never loads subprocess (5 ms a host)
+
             run_setup(push.workdir, push.run_dir, message["setup"], push.stdin)
             message = read_msg(push.stdin)
     except (Fail, EOFError):

@@ -9,7 +9,6 @@ about may hold the others), lowest index first, and its ranks see them in that o
 """
 
 import re
-import subprocess
 
 QUERY = ["nvidia-smi", "--query-gpu=index,uuid,memory.used,memory.total", "--format=csv,noheader"]
 IDLE_SHARE = 0.05
@@ -37,6 +36,8 @@ def _mib(text):
 
 def query(timeout=20.0):
     """(GPUs, problem): this host's GPUs by nvidia-smi, or ([], why there are none to be had)."""
+    import subprocess  # here: a push that claims no GPU never loads it (5 ms of every host's start)
+
     try:
         done = subprocess.run(QUERY, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
     except OSError as exc:
@@ -88,6 +89,8 @@ SNAPSHOT = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.
 def snapshot(timeout=5.0):
     """Each GPU's utilisation (%) and memory (MiB) now, for a hung run's hang.json:
     {"gpus": [{"index", "util_pct", "used_mib", "total_mib"}]}, or {"error": why there is none}."""
+    import subprocess  # here, as above
+
     try:
         done = subprocess.run(SNAPSHOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
     except OSError as exc:

@@ -1,0 +1,216 @@
+"""Folding the live view (pure): the same line from many ranks at about the same time shown once, with the
+set of ranks that printed it (`[node[0-7] r*] warning ...`, `[node[1-2] r4-11] loading weights`); a line
+only some ranks printed is shown with just their set, a line of one rank exactly as without folding.
+
+The notation is pdsh's and ClusterShell's node sets: hosts folded by their numeric suffix
+(`node[0-3,5]`), ranks as ranges (`r0-12,14-31`), `r*` for every rank of the run.
+
+How a line is held: each line goes into a group of identical lines (same text, same stream) that this
+source (a host's rank, or a host's other output) is not in yet; a group is shown `window` seconds after
+its first line came, so no line waits longer than that. Groups are shown in the order they began, and a
+source joins a group only where that keeps its own lines in order; the one exception is a source whose
+lines after that group are its own alone (rank 3 printed a line of its own, then the line every rank
+printed): those move up before the group, as they concern no other rank. A flood is held to `max_held`
+lines: past that, the oldest groups are shown at once.
+
+Time is given, not read: a live view passes the clock, a recorded run's replay the line number.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..stacks import rank_ranges
+
+FOLD_AT = 16  # ranks: a launch (or sweep) of this many or more folds by default
+WINDOW_S = 0.15  # how long a line waits for its twins; the run's loop looks every 50 ms: at most 200 ms
+REPLAY_WINDOW = 64  # lines: `logs --fold` folds a line with its twins at most this far into the other logs
+MAX_HELD = 20000  # lines held at once (a flood past it is shown without waiting)
+MAX_MOVED = 64  # a source's own lines moved up before a group, at most (a longer run of them: not folded)
+
+Source = Tuple[str, Optional[int], str]  # (host, rank or None for a host's other output, stream)
+
+
+def fold_wanted(option: Optional[bool], ranks: int) -> bool:
+    """--fold / --no-fold when given, else on from FOLD_AT ranks."""
+    return option if option is not None else ranks >= FOLD_AT
+
+
+@dataclass(eq=False)
+class _Group:
+    key: Tuple[str, bytes]  # (stream, line)
+    at: float  # when its first line came (or the group it moved up before: so the order stays by time)
+    seq: float  # its place in the order shown
+    members: Dict[Source, None] = field(default_factory=dict)  # in the order they joined
+
+
+@dataclass(frozen=True)
+class Folded:
+    """Lines to show under one prefix: several lines of one source, or one line of several."""
+
+    sources: Tuple[Source, ...]
+    data: bytes
+
+
+class Folder:
+    """Holds lines for up to `window` and hands them back folded (see the module's docstring)."""
+
+    def __init__(self, window: float = WINDOW_S, max_held: int = MAX_HELD):
+        self.window = window
+        self.max_held = max_held
+        self._pending: Deque[_Group] = deque()  # in the order shown, `at` never decreasing
+        self._by_key: Dict[Tuple[str, bytes], List[_Group]] = {}
+        self._own: Dict[Source, Deque[_Group]] = {}  # each source's held groups, in order
+        self._held = 0
+        self._seq = 0
+
+    @property
+    def held(self) -> int:
+        """Lines held now."""
+        return self._held
+
+    def add(self, source: Source, data: bytes, now: float) -> List[Folded]:
+        """Whole lines of one source; what is due by now (those lines, or older ones)."""
+        out = self.due(now)  # first: a group past its window takes no more lines
+        start = 0
+        while start < len(data):
+            end = data.find(b"\n", start)
+            end = len(data) if end < 0 else end + 1
+            self._place(source, data[start:end], now)
+            start = end
+        return out + self._release(lambda g: g.at <= now - self.window or self._held > self.max_held)
+
+    def due(self, now: float) -> List[Folded]:
+        """What has waited its window by now."""
+        return self._release(lambda g: g.at <= now - self.window)
+
+    def flush(self) -> List[Folded]:
+        """Everything held (the run's end)."""
+        return self._release(lambda g: True)
+
+    # -------------------------------------------------------------- placing a line
+
+    def _place(self, source: Source, line: bytes, now: float) -> None:
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        key = (source[2], line)
+        own = self._own.get(source)
+        last = own[-1] if own else None
+        group = self._joinable(source, key, last)
+        if group is None:
+            self._seq += 1
+            group = _Group(key, now, float(self._seq))
+            self._pending.append(group)
+            self._by_key.setdefault(key, []).append(group)
+        group.members[source] = None
+        self._own.setdefault(source, deque()).append(group)
+        self._held += 1
+
+    def _joinable(self, source: Source, key: Tuple[str, bytes], last: Optional[_Group]) -> Optional[_Group]:
+        """The oldest held group of this line that the source may join, if any."""
+        groups = self._by_key.get(key)
+        if not groups:
+            return None
+        if last is None:
+            return next((g for g in groups if source not in g.members), None)
+        found = None
+        looked = 0
+        for g in reversed(groups):  # those after the source's last group cannot hold it yet
+            if g.seq > last.seq:
+                found = g
+                continue
+            if found is not None or looked >= MAX_MOVED:
+                break
+            looked += 1
+            if source not in g.members and self._move_up_before(source, g):
+                return g
+        return found
+
+    def _move_up_before(self, source: Source, group: _Group) -> bool:
+        """Move the source's groups after `group` before it, when they hold that source alone."""
+        own = self._own[source]
+        after: List[_Group] = []
+        for g in reversed(own):
+            if g.seq < group.seq:
+                break
+            if len(g.members) != 1 or len(after) >= MAX_MOVED:
+                return False
+            after.append(g)
+        after.reverse()
+        for g in after:
+            self._pending.remove(g)
+        place = self._pending.index(group)
+        before = self._pending[place - 1].seq if place else group.seq - 1.0
+        for i, g in enumerate(after):
+            g.seq = before + (group.seq - before) * (i + 1) / (len(after) + 1)
+            g.at = group.at
+            self._pending.insert(place + i, g)
+        return True
+
+    # -------------------------------------------------------------- showing
+
+    def _release(self, ready) -> List[Folded]:
+        out: List[Folded] = []
+        while self._pending and ready(self._pending[0]):
+            group = self._pending.popleft()
+            same = self._by_key[group.key]
+            same.remove(group)
+            if not same:
+                del self._by_key[group.key]
+            for source in group.members:
+                own = self._own[source]
+                own.popleft()
+                if not own:
+                    del self._own[source]
+            self._held -= len(group.members)
+            sources = tuple(group.members)
+            if len(sources) == 1 and out and out[-1].sources == sources:  # a run of one source's lines
+                out[-1] = Folded(sources, out[-1].data + group.key[1])
+            else:
+                out.append(Folded(sources, group.key[1]))
+        return out
+
+
+# -------------------------------------------------------------- the prefix
+
+
+def host_ranges(names: Sequence[str]) -> str:
+    """node0,node1,node2,gpu1 → node[0-2],gpu1 (pdsh's and dshbak's notation), in the order first seen.
+    Zero-padded numbers (node01) are left as they are: folding them would change the names."""
+    numbered: Dict[str, list] = {}
+    order: list = []
+    for name in names:
+        m = re.fullmatch(r"(.*?)(\d+)", name)
+        if m and (m.group(2) == "0" or not m.group(2).startswith("0")):
+            key = ("n", m.group(1))
+            numbered.setdefault(m.group(1), []).append(int(m.group(2)))
+        else:
+            key = ("x", name)
+        if key not in order:
+            order.append(key)
+    parts = []
+    for kind, value in order:
+        if kind == "x":
+            parts.append(value)
+            continue
+        numbers = sorted(set(numbered[value]))
+        text = rank_ranges(numbers)
+        parts.append(f"{value}{text}" if len(numbers) == 1 else f"{value}[{text}]")
+    return ",".join(parts)
+
+
+def group_label(sources: Iterable[Source], world: Optional[int] = None) -> str:
+    """`node[0-7] r*`, `node[1-2] r4-11`, `node[1-4] torchrun`: what goes between the brackets.
+
+    world: the run's number of ranks, so that a line every rank printed reads `r*`."""
+    sources = sorted(sources, key=lambda s: (s[1] is None, s[1] if s[1] is not None else 0))
+    hosts = host_ranges(list(dict.fromkeys(s[0] for s in sources)))
+    ranks = [s[1] for s in sources if s[1] is not None]
+    if ranks:
+        every = world is not None and len(ranks) > 1 and set(ranks) == set(range(world))
+        return f"{hosts} r{'*' if every else rank_ranges(ranks)}"
+    stream = sources[0][2]
+    return f"{hosts} {stream}" if stream else hosts
