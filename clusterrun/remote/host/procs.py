@@ -71,6 +71,18 @@ def exists(pid, ticks):
         return False
 
 
+def owner_uid(pid):
+    """The real uid pid runs as (/proc/PID/status), or None when it is gone or hidden from this user."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as fh:
+            for line in fh.read(1 << 16).splitlines():
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def group_alive(pgid):
     try:
         os.killpg(pgid, 0)
