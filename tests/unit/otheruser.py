@@ -1,12 +1,12 @@
 """Another user of the same host, for the tests of what one user can do to another's runs (docs/security.md):
 this machine's `nobody` (uid 65534, in every passwd), reached from a root test process by a child that
 drops to it (subprocess's user=/group=), running the system's Python on the host program's stdlib-only
-code. Nothing is added to the machine's users. Tests that use it skip where the lane does not run as root."""
+code. Nothing is added to the machine's users. Tests that use it skip where the lane does not run as root;
+conftest.py's shared_tmp is a folder both users reach."""
 
 import os
 import shutil
 import subprocess
-import tempfile
 
 import pytest
 
@@ -27,12 +27,3 @@ def as_other(code, *args, timeout=30.0, background=False):
     if background:
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True, **kwargs)
-
-
-@pytest.fixture
-def shared_tmp():
-    """A folder both users reach (pytest's tmp_path is root's alone): root's, 0755, removed afterwards."""
-    path = tempfile.mkdtemp(prefix="clusterrun-sec-", dir="/tmp")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)

@@ -18,7 +18,7 @@ from clusterrun.remote.host.procs import start_ticks
 from clusterrun.remote.host.share import folder as F
 from clusterrun.remote.host.share.claims import Claims, judge
 from clusterrun.remote.host.wire import Fail
-from otheruser import OTHER, as_other, needs_root, shared_tmp  # noqa: F401 (a fixture)
+from otheruser import OTHER, as_other, needs_root
 
 
 @contextlib.contextmanager
