@@ -7,7 +7,7 @@ import signal
 import time
 
 from ..paths import job_dir, log_path, stacks_file
-from ..procs import die_with_parent, start_ticks
+from ..procs import rank_child, start_ticks
 from .supervisor import Supervisor
 
 
@@ -81,18 +81,19 @@ class Rank:
 
 def spawn(argv, cwd, env, out):
     """Start one rank as subprocess.Popen(argv, cwd=cwd, env=env, stdin=DEVNULL, stdout=out, stderr=out,
-    start_new_session=True, close_fds=True, preexec_fn=die_with_parent) would (its own session and process
-    group, SIGPIPE and SIGXFSZ back to their defaults, nothing but 0-2 open), without importing subprocess
+    start_new_session=True, close_fds=True, preexec_fn=rank_child) would (its own session and process
+    group, dying with this process, SIGHUP, SIGPIPE and SIGXFSZ back to their defaults, nothing but 0-2 open), without importing subprocess
     (its import is most of a supervisor's start on every host of every run); its pid. OSError (with the
     errno the exec failed with) when it could not be started."""
     report_r, report_w = os.pipe()  # close-on-exec: EOF once the exec worked, else the child's errno
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: only os calls from here to the exec
         code = errno.EINVAL
         try:
             os.close(report_r)
             os.setsid()
-            die_with_parent()
+            rank_child(parent)
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(out, 1)

@@ -16,6 +16,7 @@ Stopping: TERM to torchrun's process group (torchrun stops its workers, each in 
 then after the grace KILL to torchrun's group and to every registered worker's group.
 """
 
+import functools
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ import time
 
 from ..files import read_json
 from ..paths import job_dir
-from ..procs import die_with_parent, same_process, start_ticks
+from ..procs import rank_child, same_process, start_ticks
 from .supervisor import Supervisor
 
 LAUNCHER_LOG = "launcher.log"
@@ -73,7 +74,8 @@ class TorchrunSupervisor(Supervisor):
         try:
             self.proc = subprocess.Popen(argv, cwd=job_dir(self.run_dir), env=env,
                                          stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                         close_fds=True, preexec_fn=die_with_parent)
+                                         close_fds=True,
+                                         preexec_fn=functools.partial(rank_child, os.getpid()))
         except OSError as exc:
             os.write(fd, ("clusterrun: cannot start torchrun (%s): %s\n" % (argv[0], exc)).encode())
             for rank in expected:
