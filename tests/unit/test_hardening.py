@@ -4,6 +4,7 @@ stall or fool the supervisor nor `clusterrun stacks`; `stop`'s owner is the uid'
 forked as its supervisor dies never runs, and a rank starts with SIGHUP at its default."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -155,3 +156,24 @@ def test_a_rank_starts_with_sighup_at_its_default_though_the_supervisor_ignores_
     os.waitpid(pid, 0)
     ignored = next(int(line.split()[1], 16) for line in out_path.read_text().splitlines() if line.startswith("SigIgn:"))
     assert not ignored & 1 << (signal.SIGHUP - 1), hex(ignored)
+
+
+# -------------------------------------------------------------- finding 8: notify past its deadline
+
+
+def test_a_notify_command_that_left_its_process_group_dies_at_its_deadline(tmp_path):
+    """`setsid sleep` escapes the command's group (the group kill misses it) and holds its output open:
+    the deadline's kill finds it by the process marker in its environment."""
+    from clusterrun.remote.host.procs import exists
+    from clusterrun.remote.host.run import notify
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    spec = {"run_id": "20261201-000000-0801", "node": "n0"}
+    conf = {"commands": ["setsid sleep 300 & echo escapee $!"], "timeout": 1}
+    t = time.monotonic()
+    assert notify.run_all(str(run_dir), spec, conf, "succeeded", "") == [124]
+    assert time.monotonic() - t < 10
+    text = (run_dir / notify.LOG).read_text()
+    pid = int(re.search(r"^escapee (\d+)$", text, re.M).group(1))
+    assert poll(lambda: exists(pid, None) is False, timeout=5), f"pid {pid} outlived notify's deadline"

@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+from ..files import open_regular
 from ..paths import job_dir, log_path, stacks_file
 from ..procs import rank_child, start_ticks
 from .supervisor import Supervisor
@@ -27,7 +28,11 @@ class RankSupervisor(Supervisor):
                 self.record(rank, stopped=True, error="stopped before it started")
                 continue
             env = self.environment(r["env"])
-            fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:  # a FIFO a previous attempt's rank left as its log would block here for ever
+                fd = open_regular(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            except OSError as exc:
+                self.record(rank, exit_code=127, started_at=time.time(), error="cannot open its log: %s" % exc)
+                continue
             argv = with_bootstrap(r["argv"], stacks_file(self.run_dir, rank), os.getpid())
             try:
                 proc = Rank(spawn(argv, job_dir(self.run_dir), env, fd))
