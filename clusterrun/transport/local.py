@@ -101,7 +101,9 @@ class LocalTunnel:
             return 0
 
     def writable(self) -> bool:
-        return bool(select.select([], [self._sock], [], 0)[1])
+        poller = select.poll()  # not select(): it fails past fd 1023
+        poller.register(self._sock, select.POLLOUT)
+        return bool(poller.poll(0))
 
     def shutdown_write(self) -> None:
         try:
