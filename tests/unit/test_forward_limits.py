@@ -131,10 +131,3 @@ def test_out_of_file_descriptors_delays_new_connections_and_the_forward_goes_on(
             s.close()
         first.close()
         assert not failed, failed
-
-
-def test_the_cap_is_documented():
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
-    assert f"{fw.MAX_CONNECTIONS} connections" in text

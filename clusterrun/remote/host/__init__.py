@@ -35,7 +35,8 @@ checked by tests/unit/test_layout.py).
     samples RUN|- S N       this host's and its ranks' CPU, memory, network, GPUs: a JSON line every S seconds
   share/    sharing the host with other people's runs
     claims DIR...           list every claim and queue entry in these claims folders (any user's)
-                            (claims.py: the folder, its files and the rule; a push claims through
+                            (claims.py: its files and the rule; folder.py: the folder read and locked
+                            so that other users cannot stall or fool it; a push claims through
                             session.py; gpus.py: nvidia-smi; waiter.py: a `--detach --wait` launch's turn)
   net/      sockets
     free-port               print a TCP port that is free on this host

@@ -250,22 +250,29 @@ def _command(pid):
     return " ".join(a.decode("utf-8", "replace") for a in argv if a)[:200]
 
 
+def _int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ticket(value):
+    """[TIME, RUN] with TIME a number and not NaN (NaN would sort anywhere in the line)."""
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], (int, float)) \
+        and not isinstance(value[0], bool) and value[0] == value[0]
+
+
+def _gpus(value):
+    return value == "any" or isinstance(value, list) and all(_int(i) for i in value)
+
+
 def well_formed(data, kind):
+    """Every field the rule reads there, of its type (an entry is anyone's file: nothing else is assumed)."""
     if not isinstance(data, dict) or data.get("kind") != kind:
         return False
-    ints = ("pid", "slots")
-    if not all(isinstance(data.get(k), int) and not isinstance(data.get(k), bool) for k in ints):
-        return False
-    if data["slots"] < 0 or data["pid"] <= 0:
+    if not (_int(data.get("pid")) and _int(data.get("slots")) and data["pid"] > 0 and data["slots"] >= 0):
         return False
     if not all(isinstance(data.get(k), str) for k in ("run", "node", "state")):
         return False
-    ticket = data.get("ticket")
-    if not (isinstance(ticket, list) and len(ticket) == 2 and isinstance(ticket[0], (int, float))
-            and not isinstance(ticket[0], bool) and ticket[0] == ticket[0]):  # not NaN: it would sort anywhere
-        return False
-    g = data.get("gpus")
-    return g == "any" or isinstance(g, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in g)
+    return _ticket(data.get("ticket")) and _gpus(data.get("gpus"))
 
 
 def live(entry, now):
