@@ -212,6 +212,13 @@ class PullStopped(HostError):
     reason = "interrupted"
 
 
+class PullTooLarge(HostError):
+    """A pull whose listing would not fit on this machine's disk, or lists a file larger than one pulled
+    file may be, or whose host sent more than it listed (runs/pull_limits.py): nothing more is fetched."""
+
+    reason = "pull refused"
+
+
 class PushError(HostError):
     reason = "push failed"
 

@@ -44,6 +44,15 @@ def controller_identity() -> dict:
 
 
 def login() -> str:
+    """This process's user, by its uid in the password database: never $LOGNAME or $USER, which anyone
+    sets (`LOGNAME=alice clusterrun stop` must not pass for alice). Where there is no such database
+    (Windows) or no entry, getpass's guess."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError, AttributeError):
+        pass
     try:
         return getpass.getuser()
     except (KeyError, OSError):

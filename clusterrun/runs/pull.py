@@ -5,8 +5,10 @@ host's `pull`).
 A file is fetched only when the copy here differs from the host's (by SHA-256: a second pull of unchanged
 files receives nothing). It arrives in a hidden `.NAME.part` beside its place; a pull that was cut leaves
 that file, and the next one continues from its end once the host found its bytes to be the file's first
-ones. Once whole, it is checked against the host's SHA-256, given the host's mode and renamed into place:
-no half file ever has the final name. A pull of the run's job.outputs that completed on a host is
+ones. Once whole, it is checked against the host's SHA-256, given the host's mode (never setuid or setgid,
+group/other write only as the umask allows) and renamed into place: no half file ever has the final name.
+Before the first byte, what is to be fetched is checked against the free space where it goes, every host
+of the pull at once (pull_limits.py: also the cap on one file, and a host that sends more than it listed). A pull of the run's job.outputs that completed on a host is
 recorded: `clean` keeps runs whose outputs were never pulled.
 """
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..config.inventory import Host, inventory_from_snapshot
-from ..errors import HostError, HostsFailed, OutsideRun, PullStopped, UsageError
+from ..errors import HostError, HostsFailed, OutsideRun, PullStopped, PullTooLarge, UsageError
 from ..events import HostDone, HostProgress
 from ..hosts.client import HostClient
 from ..hosts.group import fan_out
@@ -29,6 +31,7 @@ from ..hosts.pull import Listing, PullStream, RemoteFile, Want
 from ..registry.records import RunRecord
 from ..registry.store import PULLED, RunStore
 from .nodes import nodes_of
+from .pull_limits import check_room, file_problem, local_mode, over_listed
 
 CHUNK = 1 << 20
 
@@ -153,9 +156,13 @@ def pull_files(store: RunStore, record: RunRecord, targets: Sequence[PullTarget]
         _refuse_bad_input(record, targets, listed.errors, streams, require,
                           ended_empty=lambda: _nothing_to_keep(store, record, targets, paths))
         sums = HashCache(os.path.join(store.home, "pull-hashes.json"))
-        jobs = [t for t in targets if t.host.name in streams]
-        done = fan_out(jobs, lambda t: _Fetch(t, streams[t.host.name], sums, post, stop).run(), name=name,
-                       poll=poll, thread_name="pull")
+        fetches = {t.host.name: _Fetch(t, streams[t.host.name], sums, post, stop) for t in targets
+                   if t.host.name in streams}
+        planned = fan_out([t for t in targets if t.host.name in fetches], lambda t: fetches[t.host.name].plan(),
+                          name=name, poll=poll, thread_name="pull")
+        jobs = [t for t in targets if t.host.name in planned.results]
+        check_room({t.host.name: (t.folder, fetches[t.host.name].total) for t in jobs})
+        done = fan_out(jobs, lambda t: fetches[t.host.name].run(), name=name, poll=poll, thread_name="pull")
         sums.save()
     finally:
         for s in streams.values():
@@ -165,7 +172,7 @@ def pull_files(store: RunStore, record: RunRecord, targets: Sequence[PullTarget]
             store.pulls.note(record.id, h.host, h.files, h.received, h.folder)
     return PullResult(record.id, tuple(paths), folder, not record.terminal,
                       tuple(done.results[t.host.name] for t in jobs if t.host.name in done.results),
-                      {**listed.failed, **done.failed})
+                      {**listed.failed, **planned.failed, **done.failed})
 
 
 def _refuse_bad_input(record: RunRecord, targets: Sequence[PullTarget], errors: Mapping[str, HostError],
@@ -214,6 +221,8 @@ def part_path(target: str) -> str:
 
 
 def set_mode(path: str, st: os.stat_result, mode: int) -> None:
+    """The host's mode, as this machine lets a pulled file have it (pull_limits.local_mode)."""
+    mode = local_mode(mode)
     if stat.S_IMODE(st.st_mode) != mode:
         os.chmod(path, mode)
 
@@ -236,17 +245,28 @@ class _Fetch:
         self.prefix: Dict[str, "hashlib._Hash"] = {}  # rel -> hash of the .part's bytes so far
         self.total = self.done = self.resumed = self.fetched = 0
         self.current: Optional[_PartFile] = None
+        self.wants: List[Want] = []
 
     def sink(self, f: RemoteFile) -> "_PartFile":
         self.current = _PartFile(self, f)
         return self.current
 
+    def plan(self) -> int:
+        """What to fetch (self.wants) and how many bytes that is (self.total, returned); PullTooLarge for a
+        file larger than one pulled file may be."""
+        listing: Listing = self.stream.listing
+        problems = [p for p in (file_problem(f.rel, f.size) for f in listing.files) if p]
+        if problems:
+            raise PullTooLarge(self.host, problems[0] + ": nothing was fetched")
+        self.wants = [w for w in (self.want(f) for f in listing.files) if w is not None]
+        by_rel = {f.rel: f for f in listing.files}
+        self.total = sum(by_rel[w.rel].size - w.offset for w in self.wants)
+        return self.total
+
     def run(self) -> HostPull:
         t0 = time.monotonic()
         listing: Listing = self.stream.listing
-        wants = [w for w in (self.want(f) for f in listing.files) if w is not None]
-        by_rel = {f.rel: f for f in listing.files}
-        self.total = sum(by_rel[w.rel].size - w.offset for w in wants)
+        wants = self.wants
         self.post(HostProgress("pull", self.host, 0, self.total))
         try:
             received = self.stream.fetch(wants, self.sink) if wants else 0
@@ -295,6 +315,7 @@ class _PartFile:
         self.part = part_path(self.target)
         self.fd = -1
         self.digest = hashlib.sha256()
+        self.offset = self.written = 0
 
     def same(self) -> None:
         set_mode(self.target, os.lstat(self.target), self.file.mode)
@@ -308,8 +329,15 @@ class _PartFile:
             self.fetch.resumed += 1
         os.ftruncate(self.fd, offset)
         os.lseek(self.fd, offset, os.SEEK_SET)
+        self.offset = offset
 
     def write(self, data: bytes) -> None:
+        self.written += len(data)
+        problem = over_listed(self.file.rel, self.file.size, self.offset, self.written)
+        if problem:
+            self.close()
+            os.unlink(self.part)
+            raise PullTooLarge(self.fetch.host, problem)
         view = memoryview(data)
         while view:
             view = view[os.write(self.fd, view):]
@@ -326,6 +354,6 @@ class _PartFile:
         if self.digest.hexdigest() != sha256 or os.path.getsize(self.part) != size:
             os.unlink(self.part)
             raise HostError(self.fetch.host, f"{self.file.rel} arrived corrupted (SHA-256 differs): pull again")
-        os.chmod(self.part, self.file.mode)
+        os.chmod(self.part, local_mode(self.file.mode))
         os.replace(self.part, self.target)
         self.fetch.sums.note(self.target, os.stat(self.target), sha256)

@@ -3,16 +3,23 @@ Jupyter listen on localhost by default): through the connection clusterrun makes
 jumps and host keys), one tunnel (a direct-tcpip channel: `Transport.tunnel`) per accepted connection.
 The host program takes no part: this is a pump between sockets here and tunnels.
 
-One thread does it all: a select loop over the listening sockets, the accepted connections and their
-tunnels (a paramiko channel has a fileno), with a bounded buffer per direction; a side that is not read
-from while its buffer is full pushes back on its sender (the SSH window, or TCP), never on memory.
+One thread does it all: a poll loop (selectors: select() fails past fd 1023) over the listening sockets,
+the accepted connections and their tunnels (a paramiko channel has a fileno), with a bounded buffer per
+direction; a side that is not read from while its buffer is full pushes back on its sender (the SSH
+window, or TCP), never on memory.
+
+Who may connect: as with `ssh -L`, every program of every user of this machine can reach 127.0.0.1:LOCAL
+(there is no telling them apart). What one of them can do is bounded: at most MAX_CONNECTIONS forwarded at
+once (more wait in the listen backlog until one ends), and running out of file descriptors (EMFILE) only
+delays new connections (noted once) while the ones forwarded go on.
 """
 
 from __future__ import annotations
 
 import errno
-import select
+import selectors
 import socket
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -24,6 +31,9 @@ BUFFER = 1 << 20  # per direction of a connection
 READ = 1 << 16
 IDLE_S = 0.2  # how often the loop looks at its stop condition when nothing happens
 WAIT_WINDOW_S = 0.01  # bytes wait for the channel's window to open: look again this soon
+MAX_CONNECTIONS = 64  # forwarded at once, over all ports; more wait in the backlog
+FULL_BACKOFF_S = 0.5  # out of file descriptors: accept nothing for this long
+_Selector = getattr(selectors, "PollSelector", selectors.DefaultSelector)
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class Forwarder:
         self._noted: set = set()
         self.listeners: Dict[socket.socket, PortSpec] = {}
         self.pairs: List[_Pair] = []
+        self._resume_at = 0.0  # out of file descriptors: no accept before this (monotonic)
         try:
             for spec in specs:
                 self._listen(spec, on_taken)
@@ -84,15 +95,19 @@ class Forwarder:
         finally:
             self.close()
 
+    def accepting(self) -> bool:
+        return len(self.pairs) < MAX_CONNECTIONS and time.monotonic() >= self._resume_at
+
     def step(self) -> None:
         """One round: wait for something to do (at most IDLE_S), then do it."""
-        readers: list = list(self.listeners)
+        readers: list = list(self.listeners) if self.accepting() else []
         writers: list = []
         for pair in self.pairs:
             readers += pair.readers()
             writers += pair.writers()
         waiting = any(pair.up and not pair.tunnel_full for pair in self.pairs)
-        ready_r, ready_w, _ = select.select(readers, writers, [], WAIT_WINDOW_S if waiting else IDLE_S)
+        pause = time.monotonic() < self._resume_at
+        ready_r, ready_w = wait_ready(readers, writers, WAIT_WINDOW_S if waiting or pause else IDLE_S)
         for obj in ready_r:
             if obj in self.listeners:
                 self._accept(obj)
@@ -107,17 +122,34 @@ class Forwarder:
             conn, _ = listener.accept()
         except BlockingIOError:
             return
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                raise
+            self._out_of_files(exc)
+            return
         remote = self.listeners[listener].remote
         try:
             tunnel = self._tunnel(remote)
         except HostError as exc:
             conn.close()  # the client sees the connection close, as with ssh -L
-            if exc.message not in self._noted:
-                self._noted.add(exc.message)
-                self._note(str(exc))
+            self._once(str(exc), exc.message)
+            return
+        except OSError as exc:  # a channel's fileno is a pipe: it may be the descriptor that is missing
+            conn.close()
+            self._out_of_files(exc)
             return
         conn.setblocking(False)
         self.pairs.append(_Pair(conn, tunnel))
+
+    def _out_of_files(self, exc: OSError) -> None:
+        self._resume_at = time.monotonic() + FULL_BACKOFF_S
+        self._once(f"forward: cannot take a new connection here ({exc.strerror or exc}: too many open "
+                   f"files?); the {len(self.pairs)} forwarded go on, new ones wait", "files")
+
+    def _once(self, text: str, key: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            self._note(text)
 
     def close(self) -> None:
         for pair in self.pairs:
@@ -126,6 +158,25 @@ class Forwarder:
         for sock in self.listeners:
             sock.close()
         self.listeners = {}
+
+
+def wait_ready(readers: Sequence[object], writers: Sequence[object], timeout: float) -> tuple:
+    """(readable, writable) of these objects (each with a fileno) within timeout: select()'s answer,
+    by poll, which knows no limit on descriptor numbers."""
+    events: Dict[object, int] = {}
+    for obj in readers:
+        events[obj] = events.get(obj, 0) | selectors.EVENT_READ
+    for obj in writers:
+        events[obj] = events.get(obj, 0) | selectors.EVENT_WRITE
+    if not events:
+        time.sleep(timeout)
+        return [], []
+    with _Selector() as sel:
+        for obj, mask in events.items():
+            sel.register(obj, mask)
+        ready = sel.select(timeout)
+    return ([key.fileobj for key, mask in ready if mask & selectors.EVENT_READ],
+            [key.fileobj for key, mask in ready if mask & selectors.EVENT_WRITE])
 
 
 class _Pair:

@@ -1,5 +1,9 @@
 """Fixtures of the unit lane."""
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from clusterrun.config.inventory import Timeouts
@@ -15,3 +19,13 @@ def host_client(tmp_path):
     client = HostClient(make_host(tmp_path / "work"), LocalTransport("here"), Timeouts(command=20))
     yield client
     client.close()
+
+
+@pytest.fixture
+def shared_tmp():
+    """A folder a second unix user reaches too (otheruser.py; pytest's tmp_path is this user's alone):
+    0755, removed afterwards."""
+    path = tempfile.mkdtemp(prefix="clusterrun-sec-", dir="/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

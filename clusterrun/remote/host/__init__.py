@@ -44,7 +44,8 @@ checked by tests/unit/test_layout.py).
                             and the processes that hold the GPUs
     leftovers               the processes that hold the GPU devices, labelled by their clusterrun marker;
                             with "kill": exactly an ended run's own (leftovers.py)
-                            (claims.py: the folder, its files and the rule; a push claims through
+                            (claims.py: its files and the rule; folder.py: the folder read and locked
+                            so that other users cannot stall or fool it; a push claims through
                             session.py; gpus.py: nvidia-smi; waiter.py: a `--detach --wait` launch's turn)
   net/      sockets
     free-port               print a TCP port that is free on this host

@@ -71,6 +71,18 @@ def exists(pid, ticks):
         return False
 
 
+def owner_uid(pid):
+    """The real uid pid runs as (/proc/PID/status), or None when it is gone or hidden from this user."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as fh:
+            for line in fh.read(1 << 16).splitlines():
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def group_alive(pgid):
     try:
         os.killpg(pgid, 0)
@@ -166,10 +178,12 @@ def rank_live(marker, info):
     return False
 
 
-def die_with_parent():
+def die_with_parent(parent=None):
     """For a child between fork and exec (preexec_fn): the kernel kills it when its parent, the supervisor,
     dies (PR_SET_PDEATHSIG), so a supervisor that dies leaves its ranks stopped, not orphaned. Linux
-    only; elsewhere nothing happens (the next host-program call for the run then stops what is left)."""
+    only; elsewhere nothing happens (the next host-program call for the run then stops what is left).
+    parent: the pid it was forked from. One that died before the death signal was set up sends none (the
+    child has been handed to init or a subreaper by then), so the child checks and ends itself."""
     try:
         import ctypes
         import signal
@@ -177,3 +191,15 @@ def die_with_parent():
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError, ImportError):
         pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(137)  # as if the death signal had come: 128 + SIGKILL
+
+
+def rank_child(parent):
+    """preexec_fn of a rank's process (or torchrun's) forked by the supervisor `parent`: it dies with the
+    supervisor (die_with_parent), and SIGHUP is back to its default: the supervisor ignores it, and an
+    ignored signal stays ignored across exec, where the rank's own program expects the default."""
+    import signal
+
+    die_with_parent(parent)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)

@@ -3,6 +3,7 @@
 import os
 import sys
 
+from ..files import read_capped
 from ..paths import job_dir
 from ..wire import Fail
 
@@ -15,8 +16,7 @@ def cmd_cat(run_dir, rel):
     if not path.startswith(job + os.sep):
         raise Fail("%r is outside the run's job folder" % rel, "protocol")
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(CAT_LIMIT + 1)
+        data = read_capped(path, CAT_LIMIT + 1)  # a FIFO the job left there is refused, not waited on
     except OSError as exc:
         raise Fail("cannot read %s: %s" % (rel, exc.strerror), "missing", path) from None
     if len(data) > CAT_LIMIT:

@@ -20,7 +20,7 @@ import select
 import sys
 import time
 
-from ..files import read_json
+from ..files import open_regular, read_json
 from ..paths import exit_path, log_path
 from .state import collect_exits, load_state, mark_followed, rank_ids, supervisor_done
 from ..secrets import Masker, secret_values
@@ -174,7 +174,8 @@ class Follow:
         fh = self.handles.get(key)
         if fh is None:
             try:
-                fh = self.handles[key] = open(path, "rb")
+                # the rank can write its folder: a FIFO or a symlink put in its log's place is not followed
+                fh = self.handles[key] = os.fdopen(open_regular(path), "rb")
             except OSError:
                 return False
         offset = self.offsets.get(key, 0)

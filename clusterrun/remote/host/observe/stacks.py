@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from ..files import open_regular, read_capped, regular_size
 from ..paths import log_path, stacks_file
 from ..procs import same_process
 from .state import collect_exits, load_state, rank_ids
@@ -44,6 +45,7 @@ SETTLE = 0.03  # a dump's file stopped growing this long ago: it is complete
 MAX_THREADS = 64
 MAX_FRAMES = 64
 MAX_CHILDREN = 32
+DUMP_CAP = 1 << 20  # of one dump's bytes: past MAX_THREADS * MAX_FRAMES lines there is nothing to keep
 VIAS = ("auto", "py-spy", "faulthandler")
 
 
@@ -156,9 +158,8 @@ def process_state(pid):
 
 def read_header(path):
     """(pid, main thread id, signal) from a stacks file's first line, or None."""
-    try:
-        with open(path, "rb") as fh:
-            line = fh.readline(200).decode("ascii", "replace").strip()
+    try:  # the rank can write its stacks folder: what it put there must not stall us (files.open_regular)
+        line = read_capped(path, 200).split(b"\n", 1)[0].decode("ascii", "replace").strip()
     except OSError:
         return None
     m = HEADER.match(line)
@@ -228,18 +229,12 @@ def _await_dumps(sent, deadline):
         time.sleep(0.005)
 
 
-def _size(path):
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+_size = regular_size
 
 
 def _read_from(path, offset):
     try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            return fh.read(1 << 20).decode("utf-8", "replace")
+        return read_capped(path, DUMP_CAP, offset).decode("utf-8", "replace")
     except OSError:
         return ""
 
@@ -389,7 +384,7 @@ def main_frames(entry):
 def write_into_log(run_dir, rank, text):
     """A clusterrun note appended to the rank's own log (the hang watch: what the rank was doing)."""
     try:
-        fd = os.open(log_path(run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = open_regular(log_path(run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             os.write(fd, text.encode("utf-8", "replace"))
         finally:

@@ -15,7 +15,10 @@ every host, so the two agree, up to which of two failures at once counts as the 
 
 Each command runs with the user's login shell (as job.setup's), in the job folder, in a process group of
 its own; its output is appended to notify.log in the attempt's folder with the secrets masked as it is
-written; after timeouts.notify seconds its process group is killed, and so is anything it left behind.
+written; after timeouts.notify seconds its process group is killed, and so is anything it left behind:
+in its group, and anywhere else by the process marker every command carries in its environment
+(CLUSTERRUN_PROCESS=RUN/NODE/notify, procs.run_members), as `stop` finds a rank's escapees, so a
+command that left its group (setsid, a daemon) does not outlive its deadline either.
 The commands run after the run's exit records and done.json are written: whatever a command does (fail,
 hang, print a secret), the run's result is already settled, and no reader of the run waits for it.
 """
@@ -26,7 +29,9 @@ import signal
 import subprocess
 import time
 
+from ..files import open_regular
 from ..paths import job_dir
+from ..procs import MARKER_ENV, process_marker, run_members
 from ..secrets import Masker, secret_values
 from ..shell import login_shell
 from ..words import INTERRUPTED, how_it_ended, rank_failed, time_limit_reached
@@ -108,8 +113,15 @@ def environment(spec, conf, state, reason):
     final = state == "succeeded" or not conf.get("restarts_left")
     env.update({"CLUSTERRUN_RUN_ID": str(spec.get("run_id", "")), "CLUSTERRUN_STATE": state,
                 "CLUSTERRUN_EXIT_CODE": str(EXIT_CODES[state]), "CLUSTERRUN_REASON": reason,
-                "CLUSTERRUN_ATTEMPT": str(conf.get("attempt", 1)), "CLUSTERRUN_FINAL": "1" if final else "0"})
+                "CLUSTERRUN_ATTEMPT": str(conf.get("attempt", 1)), "CLUSTERRUN_FINAL": "1" if final else "0",
+                MARKER_ENV: notify_marker(spec)})
     return env
+
+
+def notify_marker(spec):
+    """The marker of the notify commands' processes: not the ranks' (a stop or a clean looking for the
+    run's ranks does not count them), found the same way."""
+    return process_marker(spec) + "/notify"
 
 
 def run_all(run_dir, spec, conf, state, reason):
@@ -119,7 +131,7 @@ def run_all(run_dir, spec, conf, state, reason):
     masker = Masker(secret_values(spec))
     cwd = job_dir(run_dir) if os.path.isdir(job_dir(run_dir)) else run_dir
     timeout = float(conf.get("timeout") or 60)
-    log = os.open(os.path.join(run_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = open_regular(os.path.join(run_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         return [run_one(command, cwd, env, timeout, log, masker) for command in conf["commands"]]
     finally:
@@ -142,6 +154,7 @@ def run_one(command, cwd, env, timeout, log, masker):
     finally:
         proc.stdout.close()
         _kill_group(proc.pid)  # whatever it left running in its group
+        _kill_marked(env[MARKER_ENV])  # and whatever left the group
         code = proc.wait()
     if timed_out:
         _write(log, masker, ("clusterrun: killed after %gs (timeouts.notify)\n" % timeout).encode())
@@ -184,6 +197,14 @@ def _write(log, masker, data, final=False):
     if len(data) > hold:
         os.write(log, data[:len(data) - hold])
     return data[len(data) - hold:] if hold else b""
+
+
+def _kill_marked(marker):
+    for pid in run_members(marker):  # this user's processes whose environment carries the marker
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _kill_group(pgid):

@@ -6,8 +6,9 @@ import os
 import signal
 import time
 
+from ..files import open_regular
 from ..paths import job_dir, log_path, stacks_file
-from ..procs import die_with_parent, start_ticks
+from ..procs import rank_child, start_ticks
 from .supervisor import Supervisor
 
 
@@ -32,7 +33,11 @@ class RankSupervisor(Supervisor):
                 self.record(rank, stopped=True, error="stopped before it started")
                 continue
             env = self.environment(r["env"])
-            fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:  # a FIFO a previous attempt's rank left as its log would block here for ever
+                fd = open_regular(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            except OSError as exc:
+                self.record(rank, exit_code=127, started_at=time.time(), error="cannot open its log: %s" % exc)
+                continue
             argv = with_bootstrap(r["argv"], stacks_file(self.run_dir, rank), os.getpid())
             try:
                 proc = Rank(spawn(argv, job_dir(self.run_dir), env, fd))
@@ -96,18 +101,19 @@ class Rank:
 
 def spawn(argv, cwd, env, out):
     """Start one rank as subprocess.Popen(argv, cwd=cwd, env=env, stdin=DEVNULL, stdout=out, stderr=out,
-    start_new_session=True, close_fds=True, preexec_fn=die_with_parent) would (its own session and process
-    group, SIGPIPE and SIGXFSZ back to their defaults, nothing but 0-2 open), without importing subprocess
+    start_new_session=True, close_fds=True, preexec_fn=rank_child) would (its own session and process
+    group, dying with this process, SIGHUP, SIGPIPE and SIGXFSZ back to their defaults, nothing but 0-2 open), without importing subprocess
     (its import is most of a supervisor's start on every host of every run); its pid. OSError (with the
     errno the exec failed with) when it could not be started."""
     report_r, report_w = os.pipe()  # close-on-exec: EOF once the exec worked, else the child's errno
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: only os calls from here to the exec
         code = errno.EINVAL
         try:
             os.close(report_r)
             os.setsid()
-            die_with_parent()
+            rank_child(parent)
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(out, 1)

@@ -11,7 +11,7 @@ import sys
 import time
 
 from ..disk.lock import run_lock
-from ..files import read_json, write_json_atomic
+from ..files import read_capped, read_json, regular_size, write_json_atomic
 from ..paths import exit_path, job_dir, run_root, stacks_dir
 from ..wire import Fail, reply
 
@@ -87,8 +87,11 @@ def _start_locked(run_dir, spec, lock, wake):
             os.close(wake[0])
     if state is not None:
         return state
-    with open(os.path.join(run_dir, "supervisor.log"), "rb") as fh:
-        tail = fh.read()[-2000:].decode("utf-8", "replace")
+    log = os.path.join(run_dir, "supervisor.log")
+    try:
+        tail = read_capped(log, 2000, max(0, regular_size(log) - 2000)).decode("utf-8", "replace")
+    except OSError:
+        tail = ""
     raise Fail("the supervisor did not start: " + (tail or "no output"), "start")
 
 

@@ -16,14 +16,15 @@ Stopping: TERM to torchrun's process group (torchrun stops its workers, each in 
 then after the grace KILL to torchrun's group and to every registered worker's group.
 """
 
+import functools
 import os
 import signal
 import subprocess
 import time
 
-from ..files import read_json
+from ..files import open_regular, read_capped, read_json, regular_size
 from ..paths import job_dir
-from ..procs import die_with_parent, same_process, start_ticks
+from ..procs import rank_child, same_process, start_ticks
 from .supervisor import Supervisor
 
 LAUNCHER_LOG = "launcher.log"
@@ -33,10 +34,10 @@ TAIL = 16 * 1024
 
 def launcher_error(run_dir):
     """The last meaningful line torchrun printed (its error), for ranks that never started."""
+    path = os.path.join(run_dir, LAUNCHER_LOG)
     try:
-        with open(os.path.join(run_dir, LAUNCHER_LOG), "rb") as fh:
-            fh.seek(max(0, os.fstat(fh.fileno()).st_size - TAIL))
-            lines = [ln.strip() for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        data = read_capped(path, TAIL, max(0, regular_size(path) - TAIL))
+        lines = [ln.strip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
     except OSError:
         return ""
     errors = [ln for ln in lines if "Error" in ln or "error:" in ln]
@@ -69,11 +70,12 @@ class TorchrunSupervisor(Supervisor):
         argv = list(self.spec["command"]) + ["--log-dir", os.path.join(self.run_dir, ELASTIC_DIR), shim,
                                              self.run_dir, "--"] + list(self.spec["entry"])
         env = self.environment(self.spec["env"])
-        fd = os.open(os.path.join(self.run_dir, LAUNCHER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = open_regular(os.path.join(self.run_dir, LAUNCHER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             self.proc = subprocess.Popen(argv, cwd=job_dir(self.run_dir), env=env,
                                          stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                         close_fds=True, preexec_fn=die_with_parent)
+                                         close_fds=True,
+                                         preexec_fn=functools.partial(rank_child, os.getpid()))
         except OSError as exc:
             os.write(fd, ("clusterrun: cannot start torchrun (%s): %s\n" % (argv[0], exc)).encode())
             for rank in expected:

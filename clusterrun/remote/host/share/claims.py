@@ -9,7 +9,8 @@ In it, one file per entry, owned by its user, mode 0644 (everyone reads):
 
   UID-RUN-NODE.claim   run RUN (node NODE of it) holds slots and GPUs here
   UID-RUN-NODE.queue   run RUN waits for them (`launch --wait`)
-  .lock                flock'ed around every check-and-take: two launches cannot both win
+  (the folder itself, and .lock in it, are flock'ed around every check-and-take: two launches cannot
+  both win; how the files are opened and locked so that other users cannot stall or fool it: folder.py)
 
 Entry (JSON): {"version": 1, "kind": "claim"|"queue", "run", "node", "by" (the controller's user@machine),
   "pid", "ticks" (its owner process and that process's start time, procs.start_ticks), "slots",
@@ -22,9 +23,14 @@ Entry (JSON): {"version": 1, "kind": "claim"|"queue", "run", "node", "by" (the c
 The user is the file's owner (its uid, named by this host's passwd), never what the file says; a file
 whose name's uid is not its owner's is ignored.
 
-Live or stale: an entry is live while its owner process is (pid and start ticks match; /proc shows them
-for every user's processes), a claim also until its keep_until. A stale entry is ignored, and removed
-when this user may (its own). Where /proc hides other users' processes (hidepid), theirs count as live.
+Live or stale: an entry is live while its owner process is (pid and start ticks match, and the process
+runs as the entry file's owner; /proc shows them for every user's processes), a claim also until its
+keep_until (folder.live). A stale entry is ignored, and removed when this user may (its own). Where /proc
+hides other users' processes (hidepid), theirs count as live.
+
+What the queue trusts: a live entry's ticket (the controller's clock; a user whose launch says it began
+earlier stands earlier) and its slot count up to the host's capacity. It trusts nothing else an entry says
+of its owner: the user is the file's, the process must be that user's.
 
 Owners: the push's receiving process takes the claim (push/receive.py, share/session.py); the
 supervisor, a fork of it, adopts it when the run starts (run/start.py) and releases it when the run
@@ -47,34 +53,17 @@ older one gets them and the other is told busy (or queues): never both.
 Command `claims DIR...`: every entry in these folders (any user's), as JSON on one line.
 """
 
-import errno
-import fcntl
-import json
 import os
-import pwd
 import re
-import stat
 import time
 
-from ..procs import exists, start_ticks
+from ..procs import start_ticks
 from ..wire import Fail, reply
 from . import gpus as gpu_choice
+from .folder import DEFAULT_DIR, Folder, user_name
 
-DEFAULT_DIR = "/tmp/clusterrun-claims"
 VERSION = 1
-MAX_ENTRY = 64 << 10
-LOCK_WAIT = 20.0
-KINDS = {".claim": "claim", ".queue": "queue"}
 SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-def user_name(uid):
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return "uid %d" % uid
 
 
 def cpus():
@@ -82,145 +71,6 @@ def cpus():
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-# ------------------------------------------------------------------ the folder
-
-
-class Folder:
-    """The claims folder: made if missing (1777), checked, locked, listed, written."""
-
-    def __init__(self, path):
-        self.path = os.path.expanduser(path or DEFAULT_DIR)
-        self.uid = os.getuid()
-
-    def ensure(self):
-        try:
-            os.mkdir(self.path, 0o700)
-            os.chmod(self.path, 0o1777)  # what mkdir's mode cannot say past the umask
-        except OSError as exc:
-            if exc.errno != errno.EEXIST:
-                raise Fail("cannot make the claims folder: %s" % os.strerror(exc.errno), "claims",
-                           self.path) from None
-        st = os.lstat(self.path)
-        if not stat.S_ISDIR(st.st_mode):
-            raise Fail("the claims folder is not a folder (a symlink?)", "claims", self.path)
-        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
-            raise Fail("the claims folder is writable by everyone but not sticky: any user could remove "
-                       "the claims in it (chmod +t %s, or point claims: {dir: ...} elsewhere)" % self.path,
-                       "claims", self.path)
-        if not os.access(self.path, os.W_OK | os.X_OK):
-            raise Fail("this user cannot write to the claims folder (owner uid %d, mode %o)"
-                       % (st.st_uid, stat.S_IMODE(st.st_mode)), "claims", self.path)
-        return self
-
-    def lock(self):
-        """The folder's lock, held until the returned fd is closed."""
-        name = os.path.join(self.path, ".lock")
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)
-        except OSError as exc:
-            raise Fail("cannot open the claims lock: %s" % os.strerror(exc.errno), "claims", name) from None
-        st = os.fstat(fd)
-        if st.st_uid == self.uid and stat.S_IMODE(st.st_mode) != 0o644:
-            os.fchmod(fd, 0o644)  # made under our umask: every user must be able to open it
-        deadline = time.time() + LOCK_WAIT
-        while True:  # held only for a check-and-take (milliseconds): longer means something holds it wrongly
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.time() > deadline:
-                    os.close(fd)
-                    raise Fail("the claims folder's lock stayed taken for %g s (a process holding %s?)"
-                               % (LOCK_WAIT, name), "claims", name) from None
-            time.sleep(0.005)
-
-    def entries(self, now=None, prune=True):
-        """Every well-formed entry here, each with "file", "uid", "user", "kind", "live"; with prune
-        (only under the lock), stale ones of this user removed (they stay in the list, not live)."""
-        now = time.time() if now is None else now
-        try:
-            names = sorted(os.listdir(self.path))
-        except OSError:
-            return []
-        out = []
-        for name in names:
-            entry = self._read(name)
-            if entry is None:
-                continue
-            entry["live"] = _live(entry, now)
-            if prune and not entry["live"] and entry["uid"] == self.uid:
-                self.remove(name)
-            out.append(entry)
-        return out
-
-    def _read(self, name):
-        kind = KINDS.get(os.path.splitext(name)[1])
-        if kind is None or name.startswith("."):
-            return None
-        try:
-            fd = os.open(os.path.join(self.path, name), os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY or not name.startswith("%d-" % st.st_uid):
-                return None
-            data = json.loads(os.read(fd, MAX_ENTRY).decode("utf-8"))
-        except (OSError, ValueError):
-            return None
-        finally:
-            os.close(fd)
-        if not _well_formed(data, kind):
-            return None
-        data.update(file=name, uid=st.st_uid, user=user_name(st.st_uid), kind=kind)
-        return data
-
-    def write(self, name, entry):
-        """An entry of ours, atomically (temp file + rename: a reader sees the old one or the new one)."""
-        tmp = os.path.join(self.path, ".tmp-%d-%d-%s" % (self.uid, os.getpid(), os.urandom(4).hex()))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
-        try:
-            os.fchmod(fd, 0o644)
-            os.write(fd, json.dumps(entry).encode())
-        finally:
-            os.close(fd)
-        try:
-            os.rename(tmp, os.path.join(self.path, name))
-        except OSError as exc:
-            os.unlink(tmp)
-            raise Fail("cannot write the claim %s: %s" % (name, os.strerror(exc.errno)), "claims",
-                       self.path) from None
-
-    def remove(self, name):
-        try:
-            os.unlink(os.path.join(self.path, name))
-        except OSError:
-            pass
-
-
-def _well_formed(data, kind):
-    if not isinstance(data, dict) or data.get("kind") != kind:
-        return False
-    ints = ("pid", "slots")
-    if not all(isinstance(data.get(k), int) and not isinstance(data.get(k), bool) for k in ints):
-        return False
-    if not all(isinstance(data.get(k), str) for k in ("run", "node", "state")):
-        return False
-    ticket = data.get("ticket")
-    if not (isinstance(ticket, list) and len(ticket) == 2 and isinstance(ticket[0], (int, float))):
-        return False
-    g = data.get("gpus")
-    return g == "any" or isinstance(g, list) and all(isinstance(i, int) for i in g)
-
-
-def _live(entry, now):
-    alive = exists(entry["pid"], entry.get("ticks"))
-    if alive is None:  # another user's process we cannot see (hidepid): take their word for it
-        return True
-    keep = entry.get("keep_until")
-    return bool(alive) or entry["kind"] == "claim" and isinstance(keep, (int, float)) and keep > now
 
 
 def brief(entry):
@@ -249,7 +99,7 @@ def judge(req, entries, host_gpus, capacity):
         chosen, gpu_error, holders = _gpus(req, host_gpus, taken, claims, waiters)
         if gpu_error:
             return {"error": gpu_error}
-    used = sum(e["slots"] for e in claims)
+    used = sum(_slots(e, capacity) for e in claims)
     if claims and used + req["slots"] > capacity:
         holders = claims
     # the arithmetic, for the words of a busy answer: what the run needs, what the host offers and holds
@@ -297,9 +147,14 @@ def _gpus(req, host_gpus, taken, claims, waiters):
     return [], "", [e for e in claims if wanted & set(e["gpus"])]
 
 
+def _slots(entry, capacity):
+    """An entry's slots, never more than the host has: no entry counts for more than a whole host."""
+    return max(0, min(entry["slots"], capacity))
+
+
 def _could_use(waiter, req, chosen, used, capacity):
     """Would taking `chosen` GPUs and req's slots now keep this earlier waiter waiting longer?"""
-    if used + req["slots"] + waiter["slots"] > capacity:
+    if used + req["slots"] + _slots(waiter, capacity) > capacity:
         return True
     if not chosen:
         return False
@@ -354,7 +209,7 @@ class Claims:
     def admit(self, take=True, queue=False):
         """judge under the lock, and in the same step: when granted and take, write the claim (tentative);
         when blocked for good and queue, the queue entry (so nobody younger slips in between)."""
-        fd = self.folder.lock()
+        held = self.folder.lock()
         try:
             verdict = judge(self.request(), self.folder.entries(), self.host_gpus, self.capacity)
             if "granted" in verdict and take:
@@ -364,7 +219,7 @@ class Claims:
                 self.enqueue()
             return verdict
         finally:
-            os.close(fd)
+            held.close()
 
     def enqueue(self, pid=None, ticks=None):
         """A queue entry of ours (made once; it keeps its ticket, so its place in line)."""
@@ -380,13 +235,13 @@ class Claims:
 
     def requeue(self):
         """Back in line: the claim dropped and the queue entry made in one step (under the lock)."""
-        fd = self.folder.lock()
+        held = self.folder.lock()
         try:
             self.folder.remove(self.name + ".claim")
             self.gpus = []
             self.enqueue()
         finally:
-            os.close(fd)
+            held.close()
 
     def dequeue(self):
         self.folder.remove(self.name + ".queue")
@@ -417,7 +272,7 @@ def adopt(conf):
         conf = dict(conf, gpus=taken, gpu_count=len(taken))
     claims = Claims(conf)
     claims.gpus = taken
-    fd = claims.folder.lock()
+    held = claims.folder.lock()
     try:
         if not os.path.exists(os.path.join(claims.folder.path, claims.name + ".claim")):
             verdict = judge(claims.request(), claims.folder.entries(), [], claims.capacity)
@@ -425,7 +280,7 @@ def adopt(conf):
                 raise Fail("host busy: %s" % describe(verdict), "busy")
         claims.set_claim("running", started_at=time.time())
     finally:
-        os.close(fd)
+        held.close()
     return claims
 
 
@@ -450,7 +305,7 @@ def release(conf, owner=None):
     try:
         claims = Claims(conf)
         if owner is not None:
-            mine = claims.folder._read(claims.name + ".claim")
+            mine = claims.folder.read(claims.name + ".claim")
             if mine is None or mine["pid"] != owner:
                 return
         claims.release()
