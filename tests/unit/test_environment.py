@@ -157,6 +157,8 @@ def test_the_driver_comes_from_the_kernel_module_else_nvidia_smi(tmp_path):
     smi.write_text("#!/bin/sh\necho 535.104.05\necho 535.104.05\n")
     smi.chmod(0o755)
     assert fingerprint.driver(str(tmp_path / "absent"), smi=str(smi)) == "535.104.05"
+    smi.write_text("#!/bin/sh\necho '[N/A]'\n")  # a value nvidia-smi could not read is no version
+    assert fingerprint.driver(str(tmp_path / "absent"), smi=str(smi)) is None
 
 
 # ------------------------------------------------------------------ on this machine: two local hosts

@@ -64,6 +64,7 @@ if spec is not None and spec.origin:
     found["cudnn"] = _dist("nvidia-cudnn-cu12", "nvidia-cudnn-cu11", "nvidia-cudnn-cu13")
 """
 EMPTY = {"python": None, "torch": None, "cuda": None, "nccl": None, "cudnn": None}
+VERSION_RE = re.compile(r"^\d+(\.\d+)+$")
 DRIVER_RE = re.compile(r"Kernel Module\s+(\d+(?:\.\d+)+)")
 TIMEOUT = 60.0
 
@@ -101,7 +102,8 @@ def driver(proc_file="/proc/driver/nvidia/version", smi=None):
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = done.stdout.decode("utf-8", "replace").split()
-    return lines[0] if done.returncode == 0 and lines else None
+    # "[N/A]" or an error text is no version: unknown, as on a host without a driver
+    return lines[0] if done.returncode == 0 and lines and VERSION_RE.match(lines[0]) else None
 
 
 def of_env(env_dir, python):

@@ -1,4 +1,5 @@
-"""The environments' figures (docs/environments.md "Measured"), opt-in: CLUSTERRUN_BENCH_ENV=1. On the
+"""The environments' figures (docs/environments.md "Measured"): not a test (its name keeps it out of the
+suite), run by naming it: `pytest tests/integration/bench_environment.py`. On the
 session's cluster, 3 hosts, interleaved (A B, B A, ...), medians:
 - a relaunch whose venv is there (wheels: index, and wheels: controller) against the same launch with a
   plain python: (the job does nothing: the launch's own time);
@@ -16,8 +17,7 @@ import pytest
 
 from support import write_tree, write_wheel
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(os.environ.get("CLUSTERRUN_BENCH_ENV") != "1", reason="opt-in: CLUSTERRUN_BENCH_ENV=1")]
+pytestmark = [pytest.mark.integration]
 HOSTS = 3
 JOB = ("import argparse\np = argparse.ArgumentParser(); p.add_argument('--rank'); p.add_argument('--world-size')\n"
        "p.parse_args()\n")
