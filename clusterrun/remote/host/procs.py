@@ -2,6 +2,7 @@
 environment. Signals go only to processes that pass these checks - never to a name or pattern."""
 
 import os
+import signal
 import time
 
 
@@ -203,3 +204,12 @@ def rank_child(parent):
 
     die_with_parent(parent)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def kill_group(proc):
+    """SIGKILL to a child started in a session of its own (its whole group), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()

@@ -36,8 +36,13 @@ def hold_receiving(run_dir):
 
 
 def being_received(run_dir):
+    return held(os.path.join(run_dir, ".receiving"))
+
+
+def held(path):
+    """Whether some process holds an exclusive flock on this file now (False when there is no file)."""
     try:
-        fd = os.open(os.path.join(run_dir, ".receiving"), os.O_RDWR)
+        fd = os.open(path, os.O_RDWR)
     except OSError:
         return False
     try:

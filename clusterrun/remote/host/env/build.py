@@ -34,6 +34,7 @@ import subprocess
 import time
 
 from ..files import read_json, write_json_atomic
+from ..procs import kill_group
 from ..wire import send_msg
 from . import fingerprint
 
@@ -206,7 +207,7 @@ def _step(argv, cwd, log, stdin, deadline, what):
     finally:
         proc.stdout.close()
         if proc.poll() is None:
-            _kill(proc)
+            kill_group(proc)
     if code != 0:
         full = any("No space left on device" in line for line in tail)
         raise BuildFailed("disk_full" if full else "install", "%s: %s exited %s" % (
@@ -248,14 +249,6 @@ def _exit_text(code):
         except ValueError:
             return "by signal %d" % -code
     return str(code)
-
-
-def _kill(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 def _relocate(build, final):

@@ -4,11 +4,11 @@ that used it is not finished (RUN/environment.json names it), and `clean` never 
 build folder whose key's lock nobody holds is a dead build: it goes whenever `clean` runs.
 """
 
-import fcntl
 import os
 import shutil
 import time
 
+from ..disk.lock import held
 from ..files import read_json
 from .build import BUILD_PREFIX, MARKER, envs_dir
 
@@ -52,17 +52,7 @@ def in_use(workdir, live):
 
 def _building(folder, key):
     """Whether a build of this key holds its lock now."""
-    try:
-        fd = os.open(os.path.join(folder, key + ".lock"), os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
+    return held(os.path.join(folder, key + ".lock"))
 
 
 def _remove(folder, env):

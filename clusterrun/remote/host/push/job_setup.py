@@ -13,11 +13,11 @@ controller goes away meanwhile (end of input), the commands' process group is ki
 
 import os
 import select
-import signal
 import subprocess
 import time
 
 from ..files import read_json, write_json_atomic
+from ..procs import kill_group
 from ..secrets import Masker
 from ..shell import login_shell
 from ..wire import send_msg
@@ -70,14 +70,14 @@ def _run_one(command, cwd, env, deadline, log, stdin, masker):
         while True:
             now = time.time()
             if now >= deadline:
-                _kill(proc)
+                kill_group(proc)
                 message = "clusterrun: setup timed out (timeouts.setup); its commands were killed\n"
                 os.write(log, message.encode())
                 send_msg({"out": message})
                 return EXIT_TIMEOUT
             ready, _, _ = select.select(watch, [], [], min(BEAT_EVERY, deadline - now))
             if stdin.fileno() in ready and not os.read(stdin.fileno(), 1):
-                _kill(proc)  # the controller went away: nobody will start this run
+                kill_group(proc)  # the controller went away: nobody will start this run
                 raise EOFError("the controller went away during the setup")
             if out in ready:
                 data = os.read(out, 1 << 16)
@@ -97,13 +97,7 @@ def _run_one(command, cwd, env, deadline, log, stdin, masker):
     finally:
         proc.stdout.close()
         if proc.poll() is None:
-            _kill(proc)
+            kill_group(proc)
 
 
-def _kill(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
