@@ -6,8 +6,6 @@ relaunch starts no interpreter to learn it again."""
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 
 DESCRIBE = r"""
@@ -38,6 +36,7 @@ def describe_cached(workdir, command):
     (size, mtime, inode): a relaunch starts no interpreter to learn what it knew (an upgrade changes the
     file, so it is described anew). A missing interpreter is never cached."""
     import hashlib
+    import shutil
 
     path = command if os.sep in command else shutil.which(command)
     try:
@@ -70,6 +69,9 @@ def describe_cached(workdir, command):
 def describe_base(command, timeout=30.0):
     """{executable, version, implementation, platform, libc, tag} of the interpreter `command` names, or
     {error} saying what is missing: a command looked up on PATH as ssh's shell would, a path as it is."""
+    import shutil
+    import subprocess
+
     path = command if os.sep in command else shutil.which(command)
     if path is None or not os.path.exists(path):
         where = "on PATH (%s)" % os.environ.get("PATH", "") if os.sep not in command else "at that path"

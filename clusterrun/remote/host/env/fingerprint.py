@@ -14,16 +14,14 @@ The record: {"python", "torch", "cuda", "nccl", "cudnn", "driver"}: each a versi
 (no torch, a CPU build, no GPU), and "error" where the interpreter could not say (its last line).
 """
 
-import hashlib
 import json
 import os
 import re
-import shutil
-import site
-import subprocess
 import sys
+import zlib
 
 from ..files import read_json, write_json_atomic
+from ..shell import which
 
 # run by `python -c`: sets `found`
 PROBE = r"""
@@ -72,6 +70,8 @@ TIMEOUT = 60.0
 def probe(python):
     """The Python side of the fingerprint of an interpreter: one short subprocess with its site-packages
     (the host program itself runs with -S, without them)."""
+    import subprocess  # here: a relaunch reads the cache and starts no process
+
     code = PROBE + "\nimport json\nprint(json.dumps(found))\n"
     try:
         done = subprocess.run([python, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -93,9 +93,11 @@ def driver(proc_file="/proc/driver/nvidia/version", smi=None):
                 return found.group(1)
     except OSError:
         pass
-    smi = smi or shutil.which("nvidia-smi")
+    smi = smi or which("nvidia-smi")
     if not smi:
         return None
+    import subprocess
+
     try:
         done = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=15)
@@ -114,6 +116,8 @@ def of_env(env_dir, python):
 def of_interpreter(workdir):
     """This interpreter (a plain `python:`): cached under WORKDIR/fingerprints, keyed by it and the state
     of its site-packages folders (a package installed there changes a folder's mtime)."""
+    import site  # (the host program runs with -S: the module is not loaded, nor its paths added)
+
     places = [sys.executable] + list(getattr(site, "getsitepackages", lambda: [])()) + [site.getusersitepackages()]
     state = []
     for place in places:
@@ -121,7 +125,8 @@ def of_interpreter(workdir):
             state.append([place, os.stat(place).st_mtime_ns])
         except OSError:
             state.append([place, None])
-    key = hashlib.sha256(json.dumps(state).encode()).hexdigest()[:16]
+    text = json.dumps(state).encode()  # a cache key, not a secret: two checksums, not hashlib's OpenSSL load
+    key = "%08x%08x" % (zlib.crc32(text), zlib.adler32(text))
     return _cached(os.path.join(workdir, "fingerprints", key + ".json"), lambda: probe(sys.executable))
 
 

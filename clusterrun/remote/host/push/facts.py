@@ -8,9 +8,6 @@ import os
 import socket
 import sys
 
-from ..env.base import describe_base, describe_cached
-from ..net.claimed import run_on_port
-from ..net.holder import port_holder
 from ..net.ifaces import find as find_interface
 
 
@@ -18,7 +15,9 @@ def host_facts(port, master_addr, workdir="", env_base=None):
     """What launch's preflight needs to know, found while the push goes on (no extra round trip).
     env_base: job.environment's base interpreter, described (or its absence said: env/base.py)."""
     facts = {"python": sys.version.split()[0], "executable": sys.executable}  # as platform.python_version()
-    if env_base:
+    if env_base:  # imported here, as the holder and the claimed port below: a launch needs them seldom
+        from ..env.base import describe_base, describe_cached
+
         facts["env_base"] = describe_cached(workdir, env_base) if workdir else describe_base(env_base)
     facts["net"] = find_interface(master_addr)  # network: {ifname: auto} (net/ifaces.py)
     if port:  # rank 0's fixed master port must be free, bound the way torch's store binds it
@@ -32,6 +31,8 @@ def host_facts(port, master_addr, workdir="", env_base=None):
             facts["port"] = {"free": False, "port": port, "error": "%s (%s)" % (
                 os.strerror(exc.errno) if exc.errno else exc, errno.errorcode.get(exc.errno, "?"))}
             if exc.errno == errno.EADDRINUSE:
+                from ..net.holder import port_holder
+
                 facts["port"]["holder"] = port_holder(port)
         finally:
             sock.close()
@@ -41,6 +42,8 @@ def host_facts(port, master_addr, workdir="", env_base=None):
 
 def _claimed(facts, port, workdir):
     """A port that is free for now is not free when a run started here will listen there in a moment."""
+    from ..net.claimed import run_on_port
+
     claim = run_on_port(workdir, port) if workdir and facts["port"]["free"] else None
     if claim is not None:
         facts["port"] = {"free": False, "port": port, "holder": claim,

@@ -23,9 +23,7 @@ import time
 from ..disk.cache import CacheIndex, object_path, safe_rel
 from ..disk.lock import LOCK_WAIT, cache_lock, hold_receiving
 from ..net import bind_address, free_port
-from ..share.session import ClaimSession
 from ..wire import CHUNK, Fail, read_msg, send_msg
-from . import relay
 from .facts import host_facts
 from .held import hold
 
@@ -101,6 +99,8 @@ class Push:
         manifest = read_msg(self.stdin)
         files = manifest["files"]  # [relpath, sha256, size, executable]
         if manifest.get("claim"):
+            from ..share.session import ClaimSession  # here: a launch that claims nothing never loads claims
+
             self.claim = ClaimSession(manifest["claim"], self.stdin, send_msg)
         while True:
             if self.claim is not None and not self.claim.acquire():
@@ -187,6 +187,8 @@ class Push:
         wants while they arrive. Whatever fails on the relay path, the rest comes from the controller."""
         # when the chain was laid out (the controller's clock), and this host's place in it
         self.timing.update(node=conf["node"], laid_out=conf.get("laid_out"))
+        from . import relay  # here: a push without relay: never loads it (nor the channel kit)
+
         want = {(sha, bool(exe)): [sha, size, exe] for sha, size, exe in missing}
         done = set()
         run = os.path.basename(self.run_dir)
@@ -211,6 +213,8 @@ class Push:
     def _open_downstream(self, conf, run):
         """Connect to the next host of the chain, if there is one; the keys of the objects to pass on to it
         (none when it cannot be reached: it falls back on its own)."""
+        from . import relay
+
         down = conf.get("downstream")
         if down:
             try:
@@ -226,6 +230,8 @@ class Push:
         if conf["from"] == "controller":
             self.expect = sum(size for _, size, _ in conf["objects"])
             return self.source
+        from . import relay
+
         return relay.SocketSource(relay.accept_upstream(server, conf["token"], run, conf["node"], conf["wait"],
                                                         upstream=conf.get("upstream_addr") or ""),
                                   conf["timeout"])
@@ -344,8 +350,9 @@ class Push:
             os.close(fd)
             fd = -1
             if digest.hexdigest() != sha:
-                if source is not self.source:
-                    raise relay.RelayError("content of %s arrived corrupted from the upstream host" % sha)
+                if source is not self.source:  # the relay's socket: relay.py is loaded already
+                    from .relay import RelayError
+                    raise RelayError("content of %s arrived corrupted from the upstream host" % sha)
                 raise Fail("content of %s arrived corrupted" % sha, "corrupt")
             os.replace(tmp, final)
             timing["last"] = time.time()

@@ -17,9 +17,7 @@ torch/distributed/flight_recorder/components/loader.py) is one pickle per rank, 
 It is read with an unpickler that builds builtin containers only: any class in the stream is refused.
 """
 
-import io
 import os
-import pickle
 import re
 import time
 
@@ -33,9 +31,17 @@ MAX_BYTES = 64 << 20
 _RANK = re.compile(r"^%s(\d+)$" % PREFIX)
 
 
-class _Plain(pickle.Unpickler):
-    def find_class(self, module, name):
-        raise pickle.UnpicklingError("a Flight Recorder dump holds builtin types only, not %s.%s" % (module, name))
+def _plain_load(data):
+    """Unpickle builtin containers only (pickle loaded here: every supervisor imports this module for
+    PATH_ENV, and only a hung NCCL run reads a dump)."""
+    import io
+    import pickle
+
+    class Plain(pickle.Unpickler):
+        def find_class(self, module, name):
+            raise pickle.UnpicklingError("a Flight Recorder dump holds builtin types only, not %s.%s" % (module, name))
+
+    return Plain(io.BytesIO(data)).load()
 
 
 def read_dump(path):
@@ -45,7 +51,7 @@ def read_dump(path):
     if len(data) > MAX_BYTES:
         raise ValueError("%s is over %d bytes" % (path, MAX_BYTES))
     try:
-        dump = _Plain(io.BytesIO(data)).load()
+        dump = _plain_load(data)
     except Exception as exc:  # any unpickling problem: a truncated or foreign file
         raise ValueError("%s: not a Flight Recorder dump (%s)" % (path, exc)) from None
     if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):

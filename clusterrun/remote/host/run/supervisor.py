@@ -20,7 +20,6 @@ from ..procs import MARKER_ENV, attempt_key, end_members, group_alive, process_m
 from ..secrets import scrub_run
 from ..observe.state import followed_within
 from ..wire import PROTOCOL
-from .hang import HangWatch
 from .oom import OomWatch
 from .rendezvous import RendezvousWatch
 
@@ -62,7 +61,11 @@ class Supervisor:
         self.told_failure = self.told_done = False
         self.mesh_errors = 0
         self.mesh_note = None  # a node that never joined the mesh, as state.json says it (watch_mesh)
-        self.hang = HangWatch.of(self)
+        self.hang = None
+        if spec.get("hang_timeout"):  # imported here: a run without job.hang_timeout never loads the watch
+            from .hang import HangWatch
+
+            self.hang = HangWatch.of(self)
         self.oom = OomWatch()
         self.rendezvous = RendezvousWatch.of(self)
 
