@@ -6,19 +6,24 @@ at once (fabric's `Group` → `GroupResult` / `GroupException`).
 connects to each host first and closes the connection after. Results and errors are keyed by host name
 (an inventory's names are unique). A call that raises something other than a HostError (a bug, an
 unexpected library error) still names its host.
+
+Every host gets a thread of its own, all started at once, never a pool of fewer: phases wait on each other
+across hosts (the claims' barrier, the relay chain laid out, every host's push held until all are ready),
+so a call that has not started yet would keep the others waiting until they time out (a pool of 64 did
+exactly that above 64 hosts). The threads are daemons (a poll that gives up abandons them).
 """
 
 from __future__ import annotations
 
+import queue
 import threading
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence, TypeVar, Union
 
 from ..errors import HostError, HostsFailed, UnexpectedError
 
 T = TypeVar("T")
-MAX_THREADS = 64
 POLL_S = 0.05
 
 
@@ -63,27 +68,36 @@ def fan_out(items: Sequence[T], fn: Callable[[T], object], *, name: Callable[[T]
         raise ValueError(f"fan_out: host names must be unique: {out.names}")
     if not items:
         return out
-    pool = ThreadPoolExecutor(max_workers=min(MAX_THREADS, len(items)), thread_name_prefix=thread_name)
-    futures: Dict[Future, T] = {pool.submit(call, fn, i, name(i)): i for i in items}
-    pending = set(futures)
-    try:
-        while pending:
-            done, pending = wait(pending, timeout=POLL_S if poll else None, return_when=FIRST_COMPLETED)
-            for fut in done:
-                _keep(out, name(futures[fut]), fut.result())
-            if poll is not None:
-                poll()
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    ended: "queue.Queue[tuple]" = queue.Queue()
+    for item in items:
+        start_thread(lambda i=item: ended.put((i, call(fn, i, name(i)))), f"{thread_name}-{name(item)}")
+    left = len(items)
+    while left:
+        try:
+            got = [ended.get(timeout=POLL_S if poll else None)]
+        except queue.Empty:
+            got = []
+        while got or not ended.empty():
+            item, value = got.pop() if got else ended.get_nowait()
+            _keep(out, name(item), value)
+            left -= 1
+        if poll is not None:
+            poll()
     return out
+
+
+def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """A daemon thread running target, started now."""
+    thread = threading.Thread(target=target, daemon=True, name=name)
+    thread.start()
+    return thread
 
 
 def fan_out_background(items: Sequence[T], fn: Callable[[T], object], *, name: Callable[[T], str],
                        on_each: Callable[[T, Union[object, HostError]], None], thread_name: str = "hosts") -> None:
     """fn on every item, each in a daemon thread of its own; on_each(item, result or HostError) as each ends."""
     for item in items:
-        threading.Thread(target=lambda i=item: on_each(i, call(fn, i, name(i))), daemon=True,
-                         name=f"{thread_name}-{name(item)}").start()
+        start_thread(lambda i=item: on_each(i, call(fn, i, name(i))), f"{thread_name}-{name(item)}")
 
 
 def on_hosts(items: Sequence[T], connect: Callable[[Any], Any], fn: Callable[[T, Any], object],
@@ -112,7 +126,7 @@ def background(fn: Callable[..., T], *args: Any, thread_name: str = "background"
             except BaseException as exc:  # handed to whoever waits on the future
                 future.set_exception(exc)
 
-    threading.Thread(target=body, daemon=True, name=thread_name).start()
+    start_thread(body, thread_name)
     return future
 
 

@@ -47,6 +47,22 @@ def test_every_host_runs_at_once():
     assert sorted(started) == ["a", "b", "c", "d"]
 
 
+def test_a_hundred_hosts_all_wait_for_each_other():
+    """Phases where every host waits for all the others (the claims' barrier, the relay chain): a pool of
+    fewer threads than hosts (it was 64) leaves the last ones unstarted and the barrier broken."""
+    hosts = [H(f"n{i}") for i in range(100)]
+    gate = threading.Barrier(len(hosts), timeout=10)
+    done = fan_out(hosts, lambda h: gate.wait() >= 0, name=lambda h: h.name)
+    assert done.ok and len(done.results) == 100
+
+
+def test_the_threads_are_daemons():
+    """A poll that gives up abandons the calls still running: they must not keep the controller alive."""
+    seen = []
+    fan_out(HOSTS, lambda h: seen.append(threading.current_thread()), name=lambda h: h.name)
+    assert all(t.daemon for t in seen) and len(seen) == 4
+
+
 def test_a_bug_in_one_call_is_that_hosts_error_and_the_others_go_on():
     def work(h):
         if h.name == "a":
