@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 from typing import Dict, Iterator, Set, Tuple
@@ -33,6 +34,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.lru_cache(maxsize=None)  # the source does not change during a session: parse it once, not per test
 def modules() -> Dict[str, Tuple[Path, ast.Module]]:
     return {module_name(p): (p, ast.parse(p.read_text(), str(p))) for p in sorted(PKG.rglob("*.py"))}
 
@@ -355,7 +357,8 @@ def test_every_module_of_the_host_program_has_a_layer():
             except KeyError:
                 missing.append(name)
     assert not missing, f"modules of remote/host/ missing from docs/architecture.md's layers: {missing}"
-    assert not [m for m in layers if m not in modules()], "the layers table names modules that do not exist"
+    mods = modules()
+    assert not [m for m in layers if m not in mods], "the layers table names modules that do not exist"
 
 
 def test_the_host_programs_imports_go_down_its_layers():
