@@ -195,7 +195,7 @@ def last_hosts():
     return json.loads(cli("ps", "--json", "--no-reconcile").stdout)[0]["hosts"]
 
 
-def test_the_env_is_built_once_per_host_and_used_as_it_is_on_a_relaunch(project):
+def test_the_env_is_built_once_per_host_used_as_it_is_on_a_relaunch_and_cleaned_only_when_unused(project):
     inv = inventory(project)
     first = cli("launch", inv)
     assert first.returncode == 0, first.stderr
@@ -224,6 +224,38 @@ def test_the_env_is_built_once_per_host_and_used_as_it_is_on_a_relaunch(project)
     third = cli("launch", inv)
     assert third.returncode == 0, third.stderr
     assert len([n for n in envs(project) if not n.endswith(".lock")]) == 2  # a changed file: a new env
+    check_clean(project, inv, old=key[0])
+
+
+def check_clean(project, inv, old):
+    """clean collects unused envs and dead builds, never one a live run uses (the two envs built above: old
+    and the current requirements' one; built once for both tests, a venv build per host being the cost)."""
+    current = [n for n in envs(project) if not n.endswith(".lock") and n != old][0]
+    dead = project / "w0" / "envs" / ".build-0123456789abcdef-4242"
+    dead.mkdir()
+    disk = json.loads(cli("ps", "--disk", "--json", "--no-reconcile").stdout)
+    assert disk  # ps --disk asks the hosts' listing, which counts the venvs (usage.envs)
+    kept = cli("clean", inv, "--older-than", "1h", "--json")
+    assert kept.returncode == 0, kept.stderr
+    assert [h["envs"]["removed"] for h in json.loads(kept.stdout)["hosts"]] == [[], []]  # used a moment ago
+    assert [h["usage"]["envs_count"] for h in json.loads(kept.stdout)["hosts"]] == [2, 2]
+    assert not dead.exists()  # a build nobody holds the lock of: gone
+
+    live = cli("launch", inventory(project, args=["--sleep", "30"]), "--detach")
+    assert live.returncode == 0, live.stderr
+    busy = cli("clean", inv, "--cache", "--json")
+    assert busy.returncode == 0, busy.stderr
+    busy_hosts = json.loads(busy.stdout)["hosts"]
+    assert busy_hosts[0]["envs"]["in_use"] == [current]  # a live run's: stays
+    assert [[e["key"] for e in h["envs"]["removed"]] for h in busy_hosts] == [[old], [old]]  # unused: goes
+    assert current in envs(project) and old not in envs(project)
+    assert cli("stop", "latest").returncode == 0
+    done = cli("clean", inv, "--cache", "--json")
+    assert done.returncode == 0, done.stderr
+    gone = json.loads(done.stdout)["hosts"]
+    assert [[e["key"] for e in h["envs"]["removed"]] for h in gone] == [[current], [current]]
+    assert gone[0]["envs"]["bytes"] > 1_000_000  # a venv with pip in it
+    assert [n for n in envs(project) if not n.endswith(".lock")] == []
 
 
 def test_a_requirement_that_does_not_resolve_fails_with_the_installers_words_and_leaves_nothing(project):
@@ -245,34 +277,6 @@ def test_a_base_interpreter_that_a_host_lacks_is_named_before_anything_is_built(
         in done.stderr
     assert "here1: preflight failed" in done.stderr
     assert envs(project) == envs(project, 1) == []
-
-
-def test_clean_collects_unused_envs_and_dead_builds_never_one_a_live_run_uses(project):
-    inv = inventory(project)
-    assert cli("launch", inv).returncode == 0
-    key = [n for n in envs(project) if not n.endswith(".lock")][0]
-    dead = project / "w0" / "envs" / ".build-0123456789abcdef-4242"
-    dead.mkdir()
-    disk = json.loads(cli("ps", "--disk", "--json", "--no-reconcile").stdout)
-    assert disk  # ps --disk asks the hosts' listing, which counts the venvs (usage.envs)
-    kept = cli("clean", inv, "--older-than", "1h", "--json")
-    assert kept.returncode == 0, kept.stderr
-    assert [h["envs"]["removed"] for h in json.loads(kept.stdout)["hosts"]] == [[], []]  # used a moment ago
-    assert [h["usage"]["envs_count"] for h in json.loads(kept.stdout)["hosts"]] == [1, 1]
-    assert not dead.exists()  # a build nobody holds the lock of: gone
-
-    live = cli("launch", inventory(project, args=["--sleep", "30"]), "--detach")
-    assert live.returncode == 0, live.stderr
-    busy = cli("clean", inv, "--cache", "--json")
-    assert [h["envs"] for h in json.loads(busy.stdout)["hosts"]][0]["in_use"] == [key]  # a live run's: stays
-    assert key in envs(project)
-    assert cli("stop", "latest").returncode == 0
-    done = cli("clean", inv, "--cache", "--json")
-    assert done.returncode == 0, done.stderr
-    gone = json.loads(done.stdout)["hosts"]
-    assert [[e["key"] for e in h["envs"]["removed"]] for h in gone] == [[key], [key]]
-    assert gone[0]["envs"]["bytes"] > 1_000_000  # a venv with pip in it
-    assert [n for n in envs(project) if not n.endswith(".lock")] == []
 
 
 BUILD_ONE = textwrap.dedent("""\
