@@ -49,6 +49,7 @@ PAIRS = {  # section: (name, numerator method, denominator method, metric)
              ("rsync-unchanged/clusterrun-unchanged", "rsync-unchanged", "clusterrun-unchanged", "time"),
              ("scp-all/clusterrun-all", "scp-all", "clusterrun-all", "time"),
              ("rsync-all/clusterrun-all", "rsync-all", "clusterrun-all", "time")],
+    "scale": [("launch/floor", "launch", "launch floor", "time"), ("exec/floor", "exec", "exec floor", "time")],
     "claims": [("claims/no-claims", "claims", "no-claims", "time"),
                ("cpu claims/no-claims", "claims", "no-claims", "total_cpu")],
 }
@@ -84,7 +85,7 @@ def summarize(samples: List[dict]) -> Dict:
     out: Dict = {}
     for (sec, h, m, metric), values in groups.items():
         cell = {"median": median(values), "min": min(values), "max": max(values), "n": len(values),
-                "unit": units[(sec, h, m, metric)]}
+                "p90": percentile(values, 90), "sum": sum(values), "unit": units[(sec, h, m, metric)]}
         if metric == "delay":
             cell.update(p50=percentile(values, 50), p95=percentile(values, 95))
         out.setdefault(sec, {}).setdefault(str(h), {}).setdefault(m, {})[metric] = cell

@@ -35,10 +35,12 @@ from bench.context import Context, repo_commit  # noqa: E402
 from bench.measure import Recorder  # noqa: E402
 from bench.sections import exec as exec_section  # noqa: E402
 from bench.sections import (attached, claims, hostcpu, launch, logs, profile, pull, push, relay,  # noqa: E402
-                            restarts, stacks, teardown, training)
+                            restarts, scale, stacks, teardown, training)
 
 SECTIONS = ("attached", "launch", "push", "logs", "teardown", "training", "profile", "exec", "restarts", "relay", "pull",
-            "stacks", "claims", "hostcpu")
+            "stacks", "claims", "hostcpu", "scale")
+# by name only (--only scale): every command at 64 and 128 hosts, 10 rounds each, is a run of its own
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "scale")
 TRAINING_HOSTS = 4  # more ranks than this machine's cores would measure its scheduler, not the launcher
 # sections that move a lot of data or run long per host: measured up to --heavy-max hosts only, so one run can
 # take the launch sections to 64 hosts without pushing 100 MB to each of them
@@ -50,7 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--hosts", default="4,8,16", help="cluster sizes, one after another (default 4,8,16)")
     p.add_argument("--reps", default="5", help="repetitions; one number, or one per size (5,5,3)")
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"sections ({','.join(SECTIONS)})")
+    p.add_argument("--only", default=",".join(DEFAULT_SECTIONS),
+                   help=f"sections ({','.join(SECTIONS)}; all but scale by default)")
     p.add_argument("--quick", action="store_true", help="4 hosts, 2 repetitions, smaller logs, no profile")
     p.add_argument("--train-reps", type=int, default=3)
     p.add_argument("--delay-reps", type=int, default=3)
@@ -73,8 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.quick:
         a.hosts, a.reps, a.train_reps, a.delay_reps = "4", "2", 1, 1
         a.log_lines, a.ticks = min(a.log_lines, 400_000), min(a.ticks, 5)
-        if a.only == ",".join(SECTIONS):
-            a.only = ",".join(s for s in SECTIONS if s != "profile")
+        if a.only == ",".join(DEFAULT_SECTIONS):
+            a.only = ",".join(s for s in DEFAULT_SECTIONS if s != "profile")
     a.host_list = [int(h) for h in a.hosts.split(",")]
     reps = [int(r) for r in a.reps.split(",")]
     if len(reps) not in (1, len(a.host_list)):
@@ -160,6 +163,7 @@ def run_one(name: str, ctx: Context, a: argparse.Namespace, hosts: int, reps: in
         "stacks": lambda: stacks.run_section(ctx, reps),
         "claims": lambda: claims.run_section(ctx, reps),
         "hostcpu": lambda: hostcpu.run_section(ctx, reps),
+        "scale": lambda: scale.run_section(ctx, reps),
     }
     sections[name]()
     return True

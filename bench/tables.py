@@ -259,6 +259,30 @@ def stacks(v: View) -> List[str]:
         table(["hosts", "clusterrun stacks", "floor", "pdsh", "clusterrun CPU-s"], rows)
 
 
+SCALE = ("launch", "launch floor", "ps", "logs", "exec", "exec floor", "stacks", "top --once", "stop", "clean")
+
+
+def scale(v: View) -> List[str]:
+    """Every command at 64 and 128 hosts (issue 37): wall time per command, failures, the floors' ratios."""
+    rows = []
+    for h in v.hosts("scale"):
+        for m in SCALE:
+            rounds, failed = v("scale", h, m, "failed", "n"), v("scale", h, m, "failed", "sum")
+            if rounds is None:
+                continue
+            ratio = {"launch": "launch/floor", "exec": "exec/floor"}.get(m)
+            rows.append([h, m, num(v("scale", h, m, "time")), num(v("scale", h, m, "time", "p90")),
+                         num(v("scale", h, m, "time", "max")), f"{int(failed)} of {int(rounds)}",
+                         times(v.ratio("scale", h, ratio)) if ratio else DASH,
+                         num(v("scale", h, m, "cpu"))])
+    return ["## Scale: every command at many hosts, round after round", "",
+            "Each round runs every command once as a user would (a new process, spawn → exit); launch and exec "
+            "alternate with their whole-process floor (a fresh Python, paramiko, a thread per host, the same job "
+            "or `hostname`). Every round must pass: a failed command is counted here and its message is in the "
+            "notes. Times over the rounds that passed; ratio: the median of the per-round ratios to the floor.",
+            ""] + table(["hosts", "command", "median", "p90", "max", "failed", "÷ floor", "controller CPU"], rows)
+
+
 def markdown(data: dict) -> str:
     v, meta = View(data["summary"]), data["meta"]
     out = [f"# clusterrun benchmarks ({meta.get('date', '')})", "",
@@ -269,7 +293,7 @@ def markdown(data: dict) -> str:
            f"Command: `{meta.get('command', '')}`.", ""]
     for name, part in (("attached", attached), ("launch", launch), ("push", lambda v: push(v, meta)), ("logs", logs),
                        ("teardown", teardown), ("training", training), ("pull", lambda v: pull(v, meta)),
-                       ("stacks", stacks), ("hostcpu", hostcpu)):
+                       ("stacks", stacks), ("hostcpu", hostcpu), ("scale", scale)):
         if v.hosts(name):
             out += part(v)
     out += scaling(v)

@@ -41,7 +41,10 @@ def main():
     p.add_argument("--shared", default="/shared/bench")
     p.add_argument("--parent-cpu", action="store_true",
                    help="also stamp the CPU so far of the process that started this rank's parent (hostcpu)")
+    p.add_argument("--say", action="store_true", help="print one line naming this rank (scale: logs checks it)")
     a, _ = p.parse_known_args()
+    if a.say:
+        print(f"rank {a.rank} of {a.world_size} says hello", flush=True)
     folder = os.path.join(a.shared, a.tag)
     os.makedirs(folder, exist_ok=True)
     stamp(folder, f"start-{a.rank}", T_START)
