@@ -71,8 +71,9 @@ class Monitor:
         t_run = time.monotonic()
         followers = self._start_followers()
         self._emit(Phase("run", f"{counted(self.plan.world_size, 'rank')} on {counted(len(self.plan.nodes), 'host')}"))
-        for r in self.plan.ranks:
-            self.store.update_rank(self.plan.run_id, r.rank, state=RankState.RUNNING)
+        with self.store.batch():
+            for r in self.plan.ranks:
+                self.store.update_rank(self.plan.run_id, r.rank, state=RankState.RUNNING)
         nodes = {n.node_rank for n in self.plan.nodes}
         while True:
             self._handle_events()
@@ -129,12 +130,13 @@ class Monitor:
             ev = self._q.get(timeout=0.05) if block else self._q.get_nowait()
         except queue.Empty:
             return
-        while True:
-            self._handle(ev)
-            try:
-                ev = self._q.get_nowait()
-            except queue.Empty:
-                return
+        with self.store.batch():  # what many hosts said at once (128 exits, 128 ends) is one commit, not 256
+            while True:
+                self._handle(ev)
+                try:
+                    ev = self._q.get_nowait()
+                except queue.Empty:
+                    return
 
     def _handle(self, ev: object) -> None:
         handler = {RankSeen: self._on_seen, Stuck: self._on_stuck, Rendezvous: self._on_stuck, HostRestarts: self._on_restarts,

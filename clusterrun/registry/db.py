@@ -49,6 +49,8 @@ class Db:
         path = os.path.join(home, "runs.db")
         fresh = not os.path.exists(path)
         self.lock = threading.RLock()
+        self._batching = False  # inside batch(): writes join its transaction (only its thread holds the lock)
+        self.commits = 0  # transactions written (the batching's tests count them)
         self.conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
         if fresh:
             os.chmod(path, 0o600)
@@ -77,14 +79,42 @@ class Db:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """Several writes as one (BEGIN IMMEDIATE ... COMMIT), under the lock."""
-        with self.lock, self.conn:
+        """Several writes as one (BEGIN IMMEDIATE ... COMMIT), under the lock; inside batch(), part of its."""
+        with self.lock:
+            if self._batching:
+                yield self.conn
+                return
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                yield self.conn
+            self.commits += 1
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every write of this thread in the block as one transaction: the writes of many hosts' events
+        handled at once cost one commit, not one each. Other threads' writes wait for its end; nested
+        batches join the outer one. What was written is kept even when the block raises."""
+        with self.lock:
+            if self._batching:
+                yield
+                return
             self.conn.execute("BEGIN IMMEDIATE")
-            yield self.conn
+            self._batching = True
+            try:
+                yield
+            finally:
+                self._batching = False
+                self.conn.execute("COMMIT")
+                self.commits += 1
 
     def execute(self, sql: str, params: tuple = ()) -> None:
-        with self.lock, self.conn:
-            self.conn.execute(sql, params)
+        with self.lock:
+            if self._batching:
+                self.conn.execute(sql, params)
+                return
+            with self.conn:
+                self.conn.execute(sql, params)
+            self.commits += 1
 
     def rows(self, sql: str, params: tuple = ()) -> list:
         with self.lock:

@@ -92,6 +92,11 @@ class RunStore:
 
     # -------------------------------------------------------------- writing
 
+    def batch(self):
+        """A context: this thread's writes in it as one transaction (Db.batch): the writes of many hosts'
+        events, or of a loop over the hosts, cost one commit."""
+        return self._db.batch()
+
     def create(self, run_id: str, inventory: str, snapshot: dict, plan: dict, controller: dict,
                hosts: List[dict], ranks: List[dict], restarts: int = 0) -> None:
         with self._db.transaction() as db:

@@ -51,13 +51,14 @@ def reconcile(store: RunStore, run_id: str, connect: Connect) -> Tuple[RunRecord
     key = attempt_key(run_id, record.attempt)
     asked = on_hosts(nodes, connect, lambda node, client: client.status(key), thread_name="status")
     waiting = False
-    for node in nodes:
-        if node.host.name in asked.results:
-            waiting = _take_status(store, run_id, node, asked.results[node.host.name]) or waiting
-    if not record.terminal:
-        _mark_waiting_hosts(store, run_id)
-        open_state = RunState.WAITING if waiting else RunState.RUNNING if asked.ok else RunState.UNREACHABLE
-        conclude(store, run_id, open_state=open_state, verdict=outcome.reconciled)
+    with store.batch():  # every host's answer in one transaction, not a commit per rank
+        for node in nodes:
+            if node.host.name in asked.results:
+                waiting = _take_status(store, run_id, node, asked.results[node.host.name]) or waiting
+        if not record.terminal:
+            _mark_waiting_hosts(store, run_id)
+            open_state = RunState.WAITING if waiting else RunState.RUNNING if asked.ok else RunState.UNREACHABLE
+            conclude(store, run_id, open_state=open_state, verdict=outcome.reconciled)
     return store.get(run_id), asked.failed
 
 

@@ -62,14 +62,19 @@ def stop_run(store: RunStore, run_id: str, connect: Connect,
     current = {n.index for n in nodes}
     # by the run's own id: every attempt there
     stopped = on_hosts(targets, connect, lambda node, client: client.stop(run_id, grace), thread_name="stop")
-    for node in targets:
-        name = node.host.name
-        if name in stopped.errors:
-            store.update_host(run_id, node.index, cleanup=Cleanup.PENDING, error=str(stopped.errors[name]))
-        elif name in stopped.results:
-            _record_stopped(store, run_id, node, stopped.results[name], current=node.index in current)
-    if stopped.ok and not record.terminal:
-        store.update_run(run_id, reason=record.reason or "stopped by `clusterrun stop`")
+    # every host's answer in one transaction, the ranks still open read once (not once a host: 128 hosts
+    # made that 128 reads of the whole record and a commit per rank)
+    open_ranks = {r.rank for r in store.get(run_id).ranks if not r.state.terminal}
+    with store.batch():
+        for node in targets:
+            name = node.host.name
+            if name in stopped.errors:
+                store.update_host(run_id, node.index, cleanup=Cleanup.PENDING, error=str(stopped.errors[name]))
+            elif name in stopped.results:
+                _record_stopped(store, run_id, node, stopped.results[name],
+                                open_ranks=open_ranks if node.index in current else None)
+        if stopped.ok and not record.terminal:
+            store.update_run(run_id, reason=record.reason or "stopped by `clusterrun stop`")
     if stopped.ok:  # every host answered: the run has ended
         return conclude(store, run_id, verdict=outcome.after_stop), stopped.failed
     return conclude(store, run_id, open_state=RunState.UNKNOWN), stopped.failed
@@ -86,10 +91,9 @@ def _stop_targets(record: RunRecord, inv: Inventory, nodes: List[Node]) -> List[
     return targets
 
 
-def _record_stopped(store: RunStore, run_id: str, node: Node, answer: dict, *, current: bool) -> None:
-    """A host that answered the stop: the exits it reports for ranks still open (a host of the current
-    attempt), then it is done."""
-    if current:
-        open_ranks = {r.rank for r in store.get(run_id).ranks if not r.state.terminal}
+def _record_stopped(store: RunStore, run_id: str, node: Node, answer: dict, *, open_ranks: Optional[set]) -> None:
+    """A host that answered the stop: the exits it reports for ranks still open (open_ranks: a host of the
+    current attempt; None: an earlier attempt's), then it is done."""
+    if open_ranks is not None:
         record_exits(store, run_id, node, answer.get("exits", {}), answer.get("now"), only=open_ranks)
     store.update_host(run_id, node.index, cleanup=Cleanup.DONE, state=HostState.STOPPED)

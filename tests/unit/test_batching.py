@@ -1,0 +1,128 @@
+"""No per-host step serial on the controller (issue 37, item 2): the registry's writes for many hosts are one
+transaction (Db.batch), a stop of N hosts reads the record once and commits a constant number of times."""
+
+import threading
+import time
+
+import pytest
+
+from support import inventory_text, write_tree
+
+from clusterrun.config.inventory import inventory_snapshot, load_inventory
+from clusterrun.plan import build_plan, plan_to_dict, rank_rows
+from clusterrun.registry.store import RunStore
+from clusterrun.runs import reconcile as reconcile_mod
+from clusterrun.runs.stop import stop_run
+from clusterrun.states import RankState
+
+
+def make_run(tmp_path, hosts: int, run_id: str = "20260101-000000-abcd"):
+    write_tree(tmp_path, {"job.py": "print('hi')\n", "inv.yaml": inventory_text(
+        [{"name": f"n{i}", "workdir": f"{tmp_path}/work-{i}"} for i in range(hosts)], {"script": "job.py"},
+        defaults={"connection": "local"}, master={"port": 29500})})
+    inv = load_inventory(str(tmp_path / "inv.yaml"))
+    plan = build_plan(inv, run_id)
+    store = RunStore(str(tmp_path / "home"))
+    store.create(run_id, inv.path, inventory_snapshot(inv), plan_to_dict(plan), {"host": "elsewhere", "pid": 1},
+                 [{"node_rank": n.index, "name": n.host.name} for n in plan.nodes], rank_rows(plan))
+    with store.batch():
+        for r in plan.ranks:
+            store.update_rank(run_id, r.rank, state=RankState.RUNNING)
+    return store, plan
+
+
+class StoppingHost:
+    def __init__(self, ranks):
+        self.ranks = ranks
+
+    def stop(self, run_id, grace):
+        now = time.time()
+        return {"now": now, "exits": {str(r): {"exit_code": None, "signal": 15, "started_at": now - 5,
+                                               "ended_at": now} for r in self.ranks}}
+
+    def close(self):
+        pass
+
+
+def test_a_batch_is_one_commit_and_nested_batches_join_it(tmp_path):
+    store, plan = make_run(tmp_path, 3)
+    db = store._db
+    before = db.commits
+    with store.batch():
+        for r in plan.ranks:
+            store.update_rank(plan.run_id, r.rank, note="x")
+        with store.batch():
+            store.update_host(plan.run_id, 0, error="e")
+        with db.transaction() as conn:
+            conn.execute("UPDATE runs SET reason = 'r' WHERE id = ?", (plan.run_id,))
+    assert db.commits == before + 1
+    record = store.get(plan.run_id)
+    assert [r.note for r in record.ranks] == ["x"] * 3 and record.reason == "r"
+
+
+def test_what_a_batch_wrote_is_kept_when_its_block_raises(tmp_path):
+    store, plan = make_run(tmp_path, 2)
+    with pytest.raises(KeyError):
+        with store.batch():
+            store.update_rank(plan.run_id, 0, note="kept")
+            raise KeyError("bug")
+    assert store.get(plan.run_id).ranks[0].note == "kept"
+    store.update_rank(plan.run_id, 1, note="after")  # the connection is usable again
+    assert store.get(plan.run_id).ranks[1].note == "after"
+
+
+def test_another_threads_write_waits_for_the_batch_and_is_not_part_of_it(tmp_path):
+    store, plan = make_run(tmp_path, 2)
+    inside, wrote = threading.Event(), threading.Event()
+
+    def other():
+        inside.wait(5)
+        store.update_rank(plan.run_id, 1, note="other")
+        wrote.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with store.batch():
+        store.update_rank(plan.run_id, 0, note="mine")
+        inside.set()
+        assert not wrote.wait(0.2)  # blocked until the batch ends
+    t.join(5)
+    assert wrote.is_set() and [r.note for r in store.get(plan.run_id).ranks] == ["mine", "other"]
+
+
+@pytest.mark.parametrize("hosts", [4, 64])
+def test_stop_of_many_hosts_reads_the_record_once_and_commits_a_few_times(tmp_path, monkeypatch, hosts):
+    store, plan = make_run(tmp_path, hosts)
+    ranks_of = {n.host.name: [r.rank for r in n.ranks] for n in plan.nodes}
+    reads = []
+    real_get = RunStore.get
+    monkeypatch.setattr(RunStore, "get", lambda self, run_id: reads.append(run_id) or real_get(self, run_id))
+    before = store._db.commits
+    record, failed = stop_run(store, plan.run_id, lambda host: StoppingHost(ranks_of[host.name]), grace=1.0)
+    assert not failed and record.terminal
+    assert all(r.state.terminal for r in record.ranks) and len(record.ranks) == hosts
+    assert store._db.commits - before <= 3  # the answers, the verdict (not a commit per rank and per host)
+    assert len(reads) <= 4  # not one read of the whole record per host
+
+
+def test_reconcile_of_many_hosts_is_one_transaction(tmp_path, monkeypatch):
+    store, plan = make_run(tmp_path, 32)
+
+    class Status:
+        def __init__(self, ranks):
+            self.ranks = ranks
+
+        def status(self, key):
+            now = time.time()
+            return {"started": True, "done": True, "now": now, "ranks": {
+                str(r): {"pid": 10, "exit": {"exit_code": 0, "started_at": now - 1, "ended_at": now}}
+                for r in self.ranks}}
+
+        def close(self):
+            pass
+
+    ranks_of = {n.host.name: [r.rank for r in n.ranks] for n in plan.nodes}
+    before = store._db.commits
+    record, failed = reconcile_mod.reconcile(store, plan.run_id, lambda host: Status(ranks_of[host.name]))
+    assert not failed and record.terminal and all(r.exit_code == 0 for r in record.ranks)
+    assert store._db.commits - before == 1
