@@ -8,7 +8,7 @@ import fcntl
 import hashlib
 import os
 import threading
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import paramiko
 
@@ -43,6 +43,9 @@ class KnownHosts:
         self._keys = paramiko.HostKeys()
         if os.path.exists(self.path):
             self._keys.load(self.path)
+        self._queue: List[_Pending] = []  # keys to record, waiting for the next write
+        self._queue_lock = threading.Lock()
+        self.writes = 0  # the file written (read, appended) this many times
 
     def negotiable_types(self, hostname: str, port: int) -> List[str]:
         """Key types to offer in key exchange: the ones on record for this host, so a known host is not
@@ -84,20 +87,60 @@ class KnownHosts:
         self._record(name, key)
 
     def _record(self, name: str, key: paramiko.PKey) -> None:
-        """Append the new key (OpenSSH's accept-new), holding both a thread lock and a file lock."""
+        """Append the new key (OpenSSH's accept-new) before the connection goes on. Hosts met at once share
+        one write (a group commit): the first to come writes every key queued meanwhile, under a thread
+        lock and a file lock, reading the file once; each caller learns its own key's fate."""
+        entry = _Pending(name, key)
+        with self._queue_lock:
+            self._queue.append(entry)
         with _lock_for(self.path):
+            with self._queue_lock:
+                batch, self._queue = self._queue, []
+            if batch:
+                self._write(batch)
+        entry.done.wait()
+        if entry.error is not None:
+            raise entry.error
+
+    def _write(self, batch: List["_Pending"]) -> None:
+        """One flock, one read, one append for every key of the batch."""
+        try:
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
             with os.fdopen(fd, "r+") as fh:
                 fcntl.flock(fh, fcntl.LOCK_EX)
                 fresh = paramiko.HostKeys()
                 fresh.load(self.path)
-                current = fresh.lookup(name)
-                if current is not None and key.get_name() in current:
-                    if current[key.get_name()] != key:
-                        raise HostKeyChanged(name, "another process recorded a different key just now",
-                                             fingerprint=fingerprint(key), hint="connect again")
-                else:
+                self.writes += 1
+                lines = []
+                for entry in batch:
+                    current = fresh.lookup(entry.name)
+                    if current is not None and entry.key.get_name() in current:
+                        if current[entry.key.get_name()] != entry.key:
+                            entry.error = HostKeyChanged(entry.name, "another process recorded a different key "
+                                                         "just now", fingerprint=fingerprint(entry.key),
+                                                         hint="connect again")
+                        continue
+                    lines.append(f"{entry.name} {entry.key.get_name()} {entry.key.get_base64()}\n")
+                    fresh.add(entry.name, entry.key.get_name(), entry.key)
+                if lines:
                     fh.seek(0, os.SEEK_END)
-                    fh.write(f"{name} {key.get_name()} {key.get_base64()}\n")
-            self._keys.add(name, key.get_name(), key)
+                    fh.write("".join(lines))
+            for entry in batch:
+                if entry.error is None:
+                    self._keys.add(entry.name, entry.key.get_name(), entry.key)
+        except OSError as exc:
+            for entry in batch:
+                entry.error = entry.error or exc
+        finally:
+            for entry in batch:
+                entry.done.set()
+
+
+class _Pending:
+    """A key waiting to be recorded, and what became of it."""
+
+    def __init__(self, name: str, key: paramiko.PKey):
+        self.name, self.key = name, key
+        self.error: Optional[Exception] = None
+        self.done = threading.Event()
