@@ -308,12 +308,12 @@ def test_only_the_runs_hosts_get_in():
 # -------------------------------------------------------------- real supervisors under attack
 
 
-def start_node(host_client, tmp_path, node, peers, secret):
+def start_node(host_client, tmp_path, node, peers, secret, time_limit=6.0):
     run = "20261201-000000-00%02d" % 40
     code = ("import os, sys, time; print('token', os.environ['TOKEN'], flush=True); time.sleep(120)")
     host_client.push(run, project(tmp_path / f"p{node}", {"job.py": b"x"}), hold=False)
     spec = {"attempt_key": run, "run_id": run, "node_rank": node, "node": f"n{node}", "grace": 1.0, "fail_fast": True,
-            "time_limit": 6.0, "secret_names": ["TOKEN"], "peers": peers,
+            "time_limit": time_limit, "secret_names": ["TOKEN"], "peers": peers,
             "ranks": [{"rank": node, "argv": [sys.executable, "-c", code],
                        "env": {"PYTHONUNBUFFERED": "1", "TOKEN": secret}}]}
     return run, host_client.start(run, spec)
@@ -395,9 +395,11 @@ def test_a_peer_whose_supervisor_dies_is_named_lost_by_name_in_rank_0s_state_and
     b = HostClient(make_host(tmp_path / "b"), LocalTransport("b"), Timeouts(command=20))
     common = {"token": TOKEN, "host_lost": 30.0, "join_timeout": 20.0, "run": "20261201-000000-0040",
               "bind": "127.0.0.1", "names": {"0": "alpha", "1": "beta"}}
+    # a time limit past the kill + the rejoin grace (peers.REJOIN_S): the loss, not the limit, ends it
     run, state = start_node(a, tmp_path, 0, {**common, "coordinator": True, "expect": [1], "allow": ["127.0.0.1"]},
-                            "s3cr3t-xyz")
-    start_node(b, tmp_path, 1, {**common, "addr": "127.0.0.1", "port": state["coordinator"]["port"]}, "s3cr3t-xyz")
+                            "s3cr3t-xyz", time_limit=20.0)
+    start_node(b, tmp_path, 1, {**common, "addr": "127.0.0.1", "port": state["coordinator"]["port"]}, "s3cr3t-xyz",
+               time_limit=20.0)
     folder_a, folder_b = (tmp_path / w / "runs" / run for w in ("a", "b"))
     try:
         time.sleep(3.0)  # the peer joins over loopback in well under that

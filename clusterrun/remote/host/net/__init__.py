@@ -27,7 +27,10 @@ def resolve_all(names):
     return out
 
 
-def bind_address(addr, log=None, backlog=16):
+BACKLOG = 1024  # every host of a large run may connect at once (128 peers to one coordinator); somaxconn caps it
+
+
+def bind_address(addr, log=None, backlog=BACKLOG):
     """A listening TCP socket on a free port of addr (a name or an address of this host). When addr is
     not one of this host's (a NAT'ed or public address, a name that does not resolve here), it listens on
     every interface instead and says so through log: the connections it takes are still checked."""

@@ -53,11 +53,18 @@ import time
 from ..channel.gate import HELLO_TIMEOUT, MAX_PENDING, Gatekeeper
 from ..channel.handshake import Joining, Terms, is_int
 from ..channel.lines import Line, ProtocolError
-from ..net import bind_address, resolve_all, source_for
+from ..net import BACKLOG, bind_address, resolve_all, source_for
 from ..words import how_it_ended, rank_failed
 
 PROTOCOL = "mesh"
 BEAT_EVERY = 1.0
+# A peer waits this long for the coordinator's welcome (longer than the coordinator gives it for its hello:
+# a coordinator taking 128 hosts' handshakes at once, on a loaded host, answers late, and a peer that gave
+# up and came again only added to its work)
+WELCOME_TIMEOUT = 3 * HELLO_TIMEOUT
+# A joined peer whose connection closed is lost only if no new connection of its node got in within this
+# (a peer that gave up on a late welcome is back in one round trip; a host that is gone never is)
+REJOIN_S = 2.0
 MAX_REASON = 500
 MAX_QUIET = 1e9  # seconds: a quiet longer than this is not a number of ours
 
@@ -93,7 +100,7 @@ class Coordinator:
             self.server = socket.socket(fileno=int(conf["listen_fd"]))
         else:
             self.server = bind_address(conf.get("bind") or "", log)
-        self.server.listen(64)
+        self.server.listen(BACKLOG)  # every peer connects at once
         self.port = self.server.getsockname()[1]
         # the run's hosts' addresses are the only sources let in
         self.gate = Gatekeeper(self.server, terms(conf), self.expect, resolve_all(conf.get("allow") or []), log,
@@ -101,6 +108,7 @@ class Coordinator:
         self.peers = {}  # node_rank -> Line
         self.done, self.lost = set(), set()
         self.lost_why = {}  # node_rank -> why it was lost (state.json "mesh": the controller hears it at once)
+        self.closed_at = {}  # node_rank -> when its joined connection was seen closed (REJOIN_S to come back)
         self.failure = None  # (reason) once a peer failed or was lost
         self.stop_reason = None
         self.last_beat = 0.0
@@ -154,6 +162,8 @@ class Coordinator:
     def _judge(self, node, line, now):
         if node in self.done or node in self.lost or self.peers.get(node) is not line:
             return
+        if line.closed and now - self.closed_at.setdefault(node, now) < REJOIN_S:
+            return  # its node may be connecting again
         if line.closed or now - line.heard > self.host_lost:
             self.lost.add(node)
             why = "closed the connection" if line.closed else "went silent for %gs" % self.host_lost
@@ -167,6 +177,7 @@ class Coordinator:
         if old is not None:
             old.close()
         self.peers[node] = line
+        self.closed_at.pop(node, None)
         self.lost.discard(node)
         if hello["done"]:  # its ranks all ended before it joined
             self.done.add(node)
@@ -270,15 +281,15 @@ class Peer:
         if self.line is None or self.line.closed:
             self._connect(now)
             return
-        if not self.authenticated and now - self.line_since > HELLO_TIMEOUT:
-            self._drop()  # a listener that never proves itself (or never speaks): try again, or give up
-            return
-        try:
+        try:  # what arrived first: a welcome waiting in the socket while this loop was late is no timeout
             for msg in self.line.receive():
                 self._on_message(msg, now)
         except Exception as exc:  # garbage on the line: drop it (and reconnect), never the supervisor
             self.log("dropped the coordinator's connection: %s: %s" % (type(exc).__name__, exc))
             self._drop()
+            return
+        if not self.authenticated and now - self.line_since > WELCOME_TIMEOUT:
+            self._drop()  # a listener that never proves itself (or never speaks): try again, or give up
             return
         if self.authenticated:
             self._say(now)
