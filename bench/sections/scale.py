@@ -138,8 +138,16 @@ class Scale:
 
     def detach(self, tag: str) -> Done:
         done = self.clusterrun("launch", "--detach", self.inv, "--", "--tag", tag, "--sleep", "600")
-        _stamps(self.ctx, tag, "start", self.n)
-        self.state["detached"] = done.outputs[0].decode().split()[-1]
+        run_id = done.outputs[0].decode().split()[-1]
+        try:
+            _stamps(self.ctx, tag, "start", self.n)
+        except Failed as exc:
+            record = self.ctx.latest_run()
+            stopped = run(self.ctx.clusterrun("stop", run_id, "--grace", "1"), env=self.ctx.env(), cwd=self.ctx.cwd,
+                          timeout=TIMEOUT)  # never left running into the next round
+            raise Failed(f"{exc}; the run: {record.get('state')}, {record.get('reason')}; stop exit {stopped.codes}") \
+                from None
+        self.state["detached"] = run_id
         return done
 
     def stacks(self) -> Done:
@@ -170,8 +178,15 @@ class Scale:
 
 def _must(done: Done) -> Done:
     if not done.ok:
-        raise Failed(f"exit {done.codes}: {done.describe_failure()[-500:]}")
+        raise Failed(f"exit {done.codes}: {_words(done)}")
     return done
+
+
+def _words(done: Done) -> str:
+    """The last lines of a failed command's output that say something (a table's borders say nothing)."""
+    text = b"\n".join(e or b"" for e in done.errors + done.outputs).decode("utf-8", "replace")
+    lines = [line.strip(" │─┌┐└┘├┤┬┴┼╭╮╰╯") for line in text.splitlines()]
+    return " / ".join(line for line in lines if sum(c.isalnum() for c in line) > 3)[-600:]
 
 
 def _stamps(ctx: Context, tag: str, prefix: str, n: int) -> None:
