@@ -122,10 +122,11 @@ def clean_hosts(hosts: Sequence[Host], store: RunStore, connect: Connect, rules:
                        thread_name="clean")
         for name, err in done.errors.items():
             out[name].error = err
-        for name, answer in done.results.items():
-            _take_clean(out[name], answer, set(rules.runs))
-            if not dry_run:
-                _note_removed(store, records, out[name])
+        with store.batch():  # every host's removals noted in one commit
+            for name, answer in done.results.items():
+                _take_clean(out[name], answer, set(rules.runs))
+                if not dry_run:
+                    _note_removed(store, records, out[name])
         _report_unlisted(rules, list(out.values()), on_problem)
     finally:
         for c in clients.values():

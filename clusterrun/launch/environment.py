@@ -261,8 +261,9 @@ def settle(inv: Inventory, plan: LaunchPlan, steps: "Steps", store: Any, phase: 
     run record per host and compared (a difference raises StackMismatch before any rank starts); with
     venvs, the inventory and the plan anew, every host running its venv's python."""
     stacks = steps.fingerprints() if inv.job.environment is None else phase("environment", steps.build)
-    for node in plan.nodes:
-        store.update_host(plan.run_id, node.index, stack=json.dumps(stacks.records[node.host.name]))
+    with store.batch():  # one commit for every host's stack
+        for node in plan.nodes:
+            store.update_host(plan.run_id, node.index, stack=json.dumps(stacks.records[node.host.name]))
     stacks.check(inv)
     if stacks.pythons:
         inv = with_env_pythons(inv, stacks.pythons)

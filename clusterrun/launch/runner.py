@@ -207,9 +207,10 @@ class Runner:
         self._emit(Phase("start", f"attempt {nxt.attempt + 1}"))
         plan = self._plan = restarts.attempt_plan(self.inv, self.run_id, nxt, lambda i: self._client(i).free_port(),
                                                   self._network)
-        self.store.begin_attempt(self.run_id, plan.attempt, plan_to_dict(plan), rank_rows(plan))
-        for node in plan.nodes:
-            self.store.update_host(self.run_id, node.index, state=HostState.PENDING, error=None)
+        with self.store.batch():
+            self.store.begin_attempt(self.run_id, plan.attempt, plan_to_dict(plan), rank_rows(plan))
+            for node in plan.nodes:
+                self.store.update_host(self.run_id, node.index, state=HostState.PENDING, error=None)
         self._emit(Notice(f"MASTER_ADDR={plan.master_addr} MASTER_PORT={plan.master_port} "
                           f"(world size {plan.world_size})"))
         self.hosts.new_attempt()
@@ -368,6 +369,7 @@ class Runner:
             pass
 
     def _drain(self) -> None:
+        self.store.flush()  # the rows the hosts' threads left (update_host_later), all in one commit
         while True:
             try:
                 self._emit(self._q.get_nowait())
@@ -403,7 +405,7 @@ class Runner:
             sent[0] += n
             self._post(HostProgress("push", node.host.name, sent[0], total))
 
-        self.store.update_host(self.run_id, node.index, state=HostState.PUSHING)
+        self.store.update_host_later(self.run_id, node.index, state=HostState.PUSHING)
         rank0 = node.node_rank == 0
         base = job_env.env_base(self.inv, node.host)  # the host describes it in its facts (or says it lacks it)
         env_base = {"env_base": base} if base else {}
@@ -421,7 +423,7 @@ class Runner:
                 self._coordinator_port = held.coordinator_port
                 self._wait_port = held.wait_port
         result = held.result
-        self.store.update_host(self.run_id, node.index, state=HostState.PUSHED, pushed_bytes=result.sent_bytes,
+        self.store.update_host_later(self.run_id, node.index, state=HostState.PUSHED, pushed_bytes=result.sent_bytes,
                                push_seconds=round(result.seconds, 4), relayed_bytes=result.relayed,
                                push_detail=json.dumps(result.timing) if result.timing else None)
         waited = self.claims.wait_seconds  # its time in line is not the push's
@@ -462,7 +464,7 @@ class Runner:
             self._coordinator_port = (state.get("coordinator") or {}).get("port")
         self.hosts.started(node.node_rank)
         pid = state.get("supervisor", {}).get("pid")
-        self.store.update_host(self.run_id, node.index, state=HostState.STARTED, supervisor_pid=pid)
+        self.store.update_host_later(self.run_id, node.index, state=HostState.STARTED, supervisor_pid=pid)
         self._post(HostDone("start", node.host.name, time.monotonic() - t))
 
     def _start_all(self, plan: LaunchPlan) -> None:

@@ -14,8 +14,9 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..errors import RunNotFound
 from ..outcome import RankResult, RunOutcome
@@ -86,11 +87,28 @@ class RunStore:
         self.attempts = AttemptLog(self._db, self.log_file)
         self.cleaned = CleanLog(self._db)
         self.pulls = PullLog(self._db)
+        self._later: Dict[tuple, Dict[str, Any]] = {}  # (run id, host index) -> fields (update_host_later)
+        self._later_lock = threading.Lock()
 
     def close(self) -> None:
         self._db.close()
 
     # -------------------------------------------------------------- writing
+
+    def update_host_later(self, run_id: str, index: int, **fields: Any) -> None:
+        """update_host from a host's thread: kept until the next flush() (the runner's main thread, every
+        50 ms of a fan-out and at its end), which writes every host's rows in one commit, not one a host."""
+        with self._later_lock:
+            self._later.setdefault((run_id, index), {}).update(fields)
+
+    def flush(self) -> None:
+        """The rows update_host_later kept, in one transaction."""
+        with self._later_lock:
+            rows, self._later = self._later, {}
+        if rows:
+            with self.batch():
+                for (run_id, index), fields in rows.items():
+                    self.update_host(run_id, index, **fields)
 
     def batch(self):
         """A context: this thread's writes in it as one transaction (Db.batch): the writes of many hosts'
@@ -167,6 +185,7 @@ class RunStore:
     # -------------------------------------------------------------- reading
 
     def get(self, run_id: str) -> RunRecord:
+        self.flush()  # a record read here includes the rows still kept for a commit
         rows = self._db.rows("SELECT * FROM runs WHERE id = ?", (run_id,))
         if not rows:
             raise RunNotFound(f"no run {run_id!r} in {self.home}")

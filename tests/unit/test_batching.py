@@ -126,3 +126,21 @@ def test_reconcile_of_many_hosts_is_one_transaction(tmp_path, monkeypatch):
     record, failed = reconcile_mod.reconcile(store, plan.run_id, lambda host: Status(ranks_of[host.name]))
     assert not failed and record.terminal and all(r.exit_code == 0 for r in record.ranks)
     assert store._db.commits - before == 1
+
+
+def test_rows_the_hosts_threads_leave_are_written_in_one_commit(tmp_path):
+    store, plan = make_run(tmp_path, 64)
+    before = store._db.commits
+    threads = [threading.Thread(target=store.update_host_later, args=(plan.run_id, n.index),
+                                kwargs={"state": "pushed", "pushed_bytes": n.index}) for n in plan.nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert store._db.commits == before  # nothing written yet
+    store.flush()
+    assert store._db.commits == before + 1
+    hosts = store.get(plan.run_id).hosts
+    assert [h.state.value for h in hosts] == ["pushed"] * 64 and [h.pushed_bytes for h in hosts] == list(range(64))
+    store.update_host_later(plan.run_id, 0, state="started")
+    assert store.get(plan.run_id).hosts[0].state.value == "started"  # a read sees what is kept
