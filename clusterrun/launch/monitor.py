@@ -98,8 +98,9 @@ class Monitor:
         followers = {}
         run_id = self.plan.run_id
         attempt = self.plan.attempt
+        self.store.log_folder(run_id, attempt)  # made once here, not once a rank (log_path) in this loop
         for node in self.plan.nodes:
-            files = LogFiles(rank=lambda r: self.store.log_path(run_id, r, attempt),
+            files = LogFiles(rank=lambda r: self.store.log_file(run_id, r, attempt),
                              aux=lambda name, host=node.host.name: self.store.aux_log_path(run_id, host, name,
                                                                                           attempt))
             f = Follower(node_rank=node.node_rank, host=node.host.name, ranks=[r.rank for r in node.ranks],

@@ -252,6 +252,10 @@ class RunStore:
                 pass
         return path
 
+    def log_folder(self, run_id: str, attempt: int = 0) -> str:
+        """The folder of one attempt's local log copies, made if needed (log_file's paths are in it)."""
+        return self._attempt_dir(run_id, attempt)
+
     def _attempt_dir(self, run_id: str, attempt: int) -> str:
         folder = self.log_dir(run_id)
         if attempt:
