@@ -63,9 +63,12 @@ class Rendering:
         return "\n".join(out) + "\n"
 
     def compose_env(self, image: str) -> dict:
-        """What compose_yaml leaves to the environment: the image, the test key, the state folder."""
+        """What compose_yaml leaves to the environment: the image, the test key, the state folder; and room
+        for compose v1's threads: a service's `up` and its container's creation take one slot each of one
+        shared limit (64 by default), so above 64 hosts every slot went to a service waiting for its
+        container, and `up` hung for good (at 128 hosts: 29 containers, then nothing)."""
         return {"CR_IMAGE": image, "CR_AUTHORIZED_KEYS": self.key_path.with_suffix(".pub").read_text().strip(),
-                "CR_STATE_DIR": str(self.state_dir)}
+                "CR_STATE_DIR": str(self.state_dir), "COMPOSE_PARALLEL_LIMIT": str(max(64, 2 * len(self.hosts) + 8))}
 
     def inventory_data(self) -> dict:
         return {
