@@ -220,13 +220,13 @@ def main(argv=None) -> int:
         for k, (hosts, reps) in enumerate(zip(a.host_list, a.rep_list)):
             cl = BenchCluster(hosts, name=a.cluster_name, subnet=a.subnet)
             log(f"{hosts} hosts: bringing cluster {a.cluster_name} up")
-            cl.up()
-            info["sizes"][str(hosts)] = {"cluster_up_s": cl.up_seconds}
             work = Path(tempfile.mkdtemp(prefix=f"crbench-{hosts}-"))
-            ctx = Context(cl, rec, work, out / "state", a.clusterrun_src.resolve() if a.clusterrun_src else None,
-                          a.quick, log)
-            ctx.clear_stamps()
-            try:
+            try:  # an `up` that fails or is interrupted half way is taken down too
+                cl.up()
+                info["sizes"][str(hosts)] = {"cluster_up_s": cl.up_seconds}
+                ctx = Context(cl, rec, work, out / "state", a.clusterrun_src.resolve() if a.clusterrun_src else None,
+                              a.quick, log)
+                ctx.clear_stamps()
                 run_sections(ctx, a, reps, out, info, profiles, log)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
