@@ -152,16 +152,22 @@ class Scale:
 
     def stacks(self) -> Done:
         done = self.clusterrun("stacks", self.state["detached"], "--json")
-        ranks = _stack_ranks(json.loads(done.outputs[0]))
+        doc = json.loads(done.outputs[0])
+        ranks = _stack_ranks(doc)
         if ranks != self.n:
-            raise Failed(f"{ranks} of {self.n} ranks' stacks read")
+            odd = [f"r{r['rank']} {r.get('state')} via {r.get('via')}: {r.get('error')}" for r in doc["ranks"]
+                   if not r.get("threads") or r.get("error")]
+            raise Failed(f"{ranks} of {self.n} ranks' stacks read; unreachable {doc.get('unreachable')}; "
+                         + "; ".join(odd[:6]))
         return done
 
     def top(self) -> Done:
         done = self.clusterrun("top", "--once", "--json", self.state["detached"])
-        sampled = _top_hosts(json.loads(done.outputs[0]))
+        doc = json.loads(done.outputs[0])
+        sampled = _top_hosts(doc)
         if sampled != self.n:
-            raise Failed(f"{sampled} of {self.n} hosts sampled")
+            odd = [f"{h['name']}: {h.get('error')}" for h in doc["hosts"] if h.get("error")]
+            raise Failed(f"{sampled} of {self.n} hosts sampled; " + "; ".join(odd[:6]))
         return done
 
     def stop(self) -> Done:

@@ -42,6 +42,10 @@ HEADER = re.compile(r"^clusterrun-stacks pid=(\d+) main=(0x[0-9a-fA-F]+) signal=
 THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(.*)\])? \(most recent call first\):$")
 FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 SETTLE = 0.03  # a dump's file stopped growing this long ago: it is complete
+# How long the ranks get to answer. The wait ends as soon as every dump is in (faulthandler writes from its
+# signal handler, at the rank's next time on a CPU), so this is only ever waited out for a rank that does not
+# answer; on a loaded host (a hundred ranks and their host programs on two cores) 3 s was too short.
+DUMP_TIMEOUT = 10.0
 MAX_THREADS = 64
 MAX_FRAMES = 64
 MAX_CHILDREN = 32
@@ -342,7 +346,7 @@ def _file_for(run_dir, owner, pid):
     return stacks_file(run_dir, rank) if pid == main else stacks_file(run_dir, rank, pid)
 
 
-def collect(run_dir, state, exits, ranks, via="auto", timeout=3.0):
+def collect(run_dir, state, exits, ranks, via="auto", timeout=DUMP_TIMEOUT):
     """Every rank's entry (see the protocol above), gathered in one pass over all of them."""
     deadline = time.time() + timeout
     targets = targets_of(run_dir, state, exits, ranks, process_table())
