@@ -116,8 +116,9 @@ def clean_hosts(hosts: Sequence[Host], store: RunStore, connect: Connect, rules:
     try:
         listed = fan_out(hosts, listing, name=lambda h: h.name, thread_name="clean")
         _take_listings(out, listed, rules, records)
-        if not dry_run:
-            _copy_logs(store, connect, list(out.values()), records, on_problem)
+        if not dry_run:  # on the connections the listing made (not a second handshake with every host)
+            lend = lambda host: _Lent(clients[host.name]) if host.name in clients else connect(host)  # noqa: E731
+            _copy_logs(store, lend, list(out.values()), records, on_problem)
         done = fan_out([h for h in hosts if h.name in listed.results], remove, name=lambda h: h.name,
                        thread_name="clean")
         for name, err in done.errors.items():
@@ -170,6 +171,20 @@ def _report_unlisted(rules: Rules, hosts: List[HostClean], on_problem: Callable[
     listed_ids = {d.run_id for h in hosts for d in h.decisions}
     for run_id in sorted(set(rules.runs) - listed_ids):  # named, but on none of its hosts any more
         on_problem(f"{run_id}: no folder of it on its hosts (removed before?)")
+
+
+class _Lent:
+    """One of clean's connections, lent to the log copy (fetch_logs): its close() leaves it open for the
+    removal that follows; clean closes it at its end."""
+
+    def __init__(self, client: HostClient):
+        self._client = client
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    def close(self) -> None:
+        pass
 
 
 def _copy_logs(store: RunStore, connect: Connect, hosts: List[HostClean], records: Dict[str, Optional[RunRecord]],

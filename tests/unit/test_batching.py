@@ -144,3 +144,44 @@ def test_rows_the_hosts_threads_leave_are_written_in_one_commit(tmp_path):
     assert [h.state.value for h in hosts] == ["pushed"] * 64 and [h.pushed_bytes for h in hosts] == list(range(64))
     store.update_host_later(plan.run_id, 0, state="started")
     assert store.get(plan.run_id).hosts[0].state.value == "started"  # a read sees what is kept
+
+
+def test_clean_copies_logs_on_the_connections_it_listed_with(tmp_path, monkeypatch):
+    """clean of a detached run (no local log copies yet): one connection a host, not one to list and
+    remove and another to copy the logs first."""
+    import subprocess
+    import sys
+
+    from clusterrun.clean.policy import Rules
+    from clusterrun.clean.apply import clean_hosts
+    from clusterrun.hosts.client import make_connect
+
+    hosts = [{"name": f"h{i}", "workdir": f"{tmp_path}/work-{i}"} for i in range(3)]
+    write_tree(tmp_path, {"job.py": "print('hello from', __import__('os').environ['RANK'], flush=True)\n",
+                          "inv.yaml": inventory_text(hosts, {"script": "job.py"}, defaults={"connection": "local"},
+                                                     master={"port": "auto"})})
+    monkeypatch.setenv("CLUSTERRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CLUSTERRUN_NO_RETENTION", "1")
+    done = subprocess.run([sys.executable, "-m", "clusterrun", "launch", "--detach", str(tmp_path / "inv.yaml")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.split()[-1]
+    store = RunStore(str(tmp_path / "home"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the job ends by itself; ps brings the record up to date
+        subprocess.run([sys.executable, "-m", "clusterrun", "ps"], capture_output=True, cwd=tmp_path, timeout=60)
+        if store.get(run_id).terminal:
+            break
+        time.sleep(0.3)
+    inv = load_inventory(str(tmp_path / "inv.yaml"))
+    real, made = make_connect(inv.timeouts), []
+
+    def connect(host):
+        made.append(host.name)
+        return real(host)
+
+    results = clean_hosts(inv.hosts, store, connect, Rules(runs=(run_id,)))
+    assert all(not r.error and [x["id"] for x in r.removed] == [run_id] for r in results), results
+    assert sorted(made) == ["h0", "h1", "h2"]  # once each
+    copies = [store.log_file(run_id, r) for r in range(3)]
+    assert all("hello from" in open(p).read() for p in copies)  # the logs came first
