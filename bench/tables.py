@@ -283,14 +283,18 @@ def scale(v: View) -> List[str]:
             ""] + table(["hosts", "command", "median", "p90", "max", "failed", "÷ floor", "controller CPU"], rows)
 
 
+def meta_line(meta: dict) -> str:
+    """Where and how a run measured (the machine, the commit, the repetitions, the command)."""
+    return (f"Container cluster on one machine ({meta.get('machine', '')}); clusterrun {meta.get('clusterrun', '')}. "
+            f"Medians of {meta.get('reps_text', '')} interleaved repetitions (each repetition runs every method once, "
+            "back to back, in a rotating order); ratios are the median over repetitions of the ratio within a "
+            "repetition, which cancels the drift of this shared machine; times in seconds. "
+            f"Command: `{meta.get('command', '')}`.")
+
+
 def markdown(data: dict) -> str:
     v, meta = View(data["summary"]), data["meta"]
-    out = [f"# clusterrun benchmarks ({meta.get('date', '')})", "",
-           f"Container cluster on one machine ({meta.get('machine', '')}); clusterrun {meta.get('clusterrun', '')}. "
-           f"Medians of {meta.get('reps_text', '')} interleaved repetitions (each repetition runs every method once, "
-           "back to back, in a rotating order); ratios are the median over repetitions of the ratio within a "
-           "repetition, which cancels the drift of this shared machine; times in seconds. "
-           f"Command: `{meta.get('command', '')}`.", ""]
+    out = [f"# clusterrun benchmarks ({meta.get('date', '')})", "", meta_line(meta), ""]
     for name, part in (("attached", attached), ("launch", launch), ("push", lambda v: push(v, meta)), ("logs", logs),
                        ("teardown", teardown), ("training", training), ("pull", lambda v: pull(v, meta)),
                        ("stacks", stacks), ("hostcpu", hostcpu), ("scale", scale)):

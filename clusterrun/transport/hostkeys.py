@@ -129,7 +129,7 @@ class KnownHosts:
             for entry in batch:
                 if entry.error is None:
                     self._keys.add(entry.name, entry.key.get_name(), entry.key)
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 -- every waiter learns it (a file paramiko cannot read too)
             for entry in batch:
                 entry.error = entry.error or exc
         finally:
