@@ -326,7 +326,7 @@ class HostClient:
         if code not in (None, -1):
             return self._command_failed(f"push interrupted: {exc}", code, stream.stderr())
         return failure(exc, self.label, silent=f"push: no answer within {timeout:g} s",
-                       lost="connection lost during the push")
+                       lost="connection lost during the push", stream=stream)
 
     def close(self) -> None:
         self.transport.close()

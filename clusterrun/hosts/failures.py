@@ -1,7 +1,8 @@
 """A host call's failures as clusterrun's errors, translated here and nowhere else (every host call in
 hosts/ goes through it, as every call goes through HostClient._with_program for a missing program):
 
-- the host said nothing in time (TimeoutError) → CommandTimeout, exit 3;
+- the host said nothing in time (TimeoutError) → CommandTimeout, exit 3, quoting what the host program
+  wrote to stderr meanwhile (a wait for a lock says so there) where the caller hands over its stream;
 - the stream ended under the call (StreamClosed: the connection dropped, or the host program exited) →
   ConnectError, with the tail of the host program's stderr where the caller hands over its stream;
 - the host program answered `{"error", "path"}` (remote/host/wire.py `Fail`) → RemoteCommandError.
@@ -25,12 +26,22 @@ def failure(exc: BaseException, label: str, *, silent: str = "", lost: str = "",
             stream: Optional[Stream] = None) -> BaseException:
     """The error a host call's TimeoutError or StreamClosed is: CommandTimeout(silent), or
     ConnectError(`LOST: EXC[: STDERR TAIL]`); anything else is itself."""
-    if isinstance(exc, TimeoutError):
-        return CommandTimeout(label, silent, command=command)
+    tail = _tail(stream)
+    if isinstance(exc, TimeoutError):  # what it said meanwhile (a wait for a lock, remote/host/wire.note)
+        return CommandTimeout(label, silent + (f"; it said: {tail}" if tail else ""), command=command)
     if isinstance(exc, StreamClosed):
-        tail = stream.stderr().decode("utf-8", "replace").strip()[-TAIL:] if stream is not None else ""
         return ConnectError(label, f"{lost}: {exc}" + (f": {tail}" if tail else ""))
     return exc
+
+
+def _tail(stream: Optional[Stream]) -> str:
+    """The last characters of what the host program wrote to stderr so far ("" without a stream)."""
+    if stream is None:
+        return ""
+    try:
+        return stream.stderr().decode("utf-8", "replace").strip()[-TAIL:]
+    except Exception:  # noqa: BLE001 -- a message is being made: never fail it
+        return ""
 
 
 @contextmanager

@@ -118,3 +118,40 @@ def test_top_s_samples_stream_fails_in_the_same_words():
     with pytest.raises(ConnectError) as ended:
         Samples(Stream(stderr=b"Traceback ...\nMemoryError\n"), "node1").next(2.0)
     assert str(ended.value) == "node1: unreachable: samples ended: exit 1: Traceback ...\nMemoryError"
+
+
+def test_silence_quotes_what_the_host_program_said_it_waits_for():
+    """A host program that waits for a lock says so on stderr (remote/host/wire.note): a late answer's
+    message carries it, so a user (and a CI log) learns why there was no answer, not only that."""
+    said = Stream(silent=True, stderr=b"waiting for the claims folder's lock (/tmp/c) by pid 7 (user u: sleep)\n")
+    with pytest.raises(CommandTimeout) as got:
+        with exchange("node1", silent="push: no answer within 15 s", lost="connection lost", stream=said):
+            raise TimeoutError
+    assert str(got.value) == ("node1: no answer: push: no answer within 15 s; it said: waiting for the claims "
+                              "folder's lock (/tmp/c) by pid 7 (user u: sleep)")
+    with pytest.raises(CommandTimeout) as quiet:
+        with exchange("node1", silent="push: no answer within 15 s", lost="connection lost", stream=Stream()):
+            raise TimeoutError
+    assert str(quiet.value) == "node1: no answer: push: no answer within 15 s"
+
+
+def test_a_wait_for_the_cache_lock_is_said_on_stderr(tmp_path, monkeypatch, capsys):
+    import fcntl
+    import os
+
+    from clusterrun.remote.host.disk import lock
+
+    monkeypatch.setattr(lock, "SAY_AFTER", 0.05)
+    os.makedirs(tmp_path / "cache")
+    sweep = os.open(tmp_path / "cache" / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(sweep, fcntl.LOCK_EX)  # a sweep holds it
+    try:
+        assert lock.cache_lock(str(tmp_path), exclusive=False, wait=0.3) is None
+        err = capsys.readouterr().err
+        assert err.count("waiting for the content cache's lock") == 1 and "a cache sweep (clean)" in err
+        fcntl.flock(sweep, fcntl.LOCK_UN)
+        fd = lock.cache_lock(str(tmp_path), exclusive=False, wait=0.3)
+        assert fd is not None and capsys.readouterr().err == ""  # no wait, nothing said
+        os.close(fd)
+    finally:
+        os.close(sweep)

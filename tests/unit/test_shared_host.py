@@ -73,17 +73,20 @@ time.sleep(60)
 
 
 @needs_root
-def test_a_lock_held_for_ever_by_another_user_is_named_in_the_error(shared_tmp, monkeypatch):
+def test_a_lock_held_for_ever_by_another_user_is_named_in_the_error(shared_tmp, monkeypatch, capsys):
     folder = made_by_root(shared_tmp)
     F.Folder(folder).lock().close()  # .lock made (by root, 0644: readable by all, so lockable by all)
     holder = as_other(HOLD, folder, background=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         monkeypatch.setattr(F, "LOCK_WAIT", 0.3)
+        monkeypatch.setattr(F, "SAY_AFTER", 0.05)
         with deadline(10), pytest.raises(Fail) as err:
             Claims(conf(folder, "r1")).admit()
         assert "by pid %d (user nobody: " % holder.pid in str(err.value) and "time.sleep" not in str(err.value)
         assert "ask them, or root, to end it" in str(err.value)
+        said = capsys.readouterr().err  # said while it waited (a late push answer quotes it: hosts/failures.py)
+        assert said.startswith("waiting for the claims folder's lock (%s) by pid %d" % (folder, holder.pid)), said
     finally:
         holder.kill()
         holder.wait()

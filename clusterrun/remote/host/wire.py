@@ -26,6 +26,16 @@ def reply(obj):
     sys.stdout.flush()
 
 
+def note(text):
+    """A line on stderr for whoever reads it: the controller quotes its tail when the host program does
+    not answer in time or its connection ends (hosts/failures.py), so a wait says what it waits for."""
+    try:
+        sys.stderr.write("%s\n" % text)
+        sys.stderr.flush()
+    except (OSError, ValueError):  # nobody reads any more
+        pass
+
+
 def fail_frame(obj):
     """An expected failure where the controller reads frames (`follow`): an F frame carrying the answer,
     so it is never taken for the header of a log frame."""

@@ -7,7 +7,10 @@ import fcntl
 import os
 import time
 
+from ..wire import note
+
 LOCK_WAIT = 60.0  # how long a sweep waits for pushes in flight to finish with the cache
+SAY_AFTER = 1.0  # a wait for a lock longer than this is said on stderr (the controller quotes it)
 
 
 def cache_lock(workdir, exclusive, wait):
@@ -16,15 +19,21 @@ def cache_lock(workdir, exclusive, wait):
     folder = os.path.join(workdir, "cache")
     os.makedirs(folder, 0o700, exist_ok=True)
     fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + wait
+    start = time.monotonic()
+    said = False
     while True:
         try:
             fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
             return fd
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            waited = time.monotonic() - start
+            if waited >= wait:
                 os.close(fd)
                 return None
+            if not said and waited >= SAY_AFTER:
+                said = True
+                note("waiting for the content cache's lock (%s): %s holds it" % (
+                    os.path.join(folder, "lock"), "a push" if exclusive else "a cache sweep (clean)"))
             time.sleep(0.02)
 
 

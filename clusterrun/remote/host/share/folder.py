@@ -30,9 +30,10 @@ import os
 import stat
 import time
 
+from ..disk.lock import SAY_AFTER
 from ..files import GUARDED, read_capped
 from ..procs import exists, owner_uid
-from ..wire import Fail
+from ..wire import Fail, note
 
 DEFAULT_DIR = "/tmp/clusterrun-claims"
 MAX_ENTRY = 64 << 10
@@ -90,9 +91,14 @@ class Folder:
         if compat is not None:
             fds.append(compat)
         held = Lock([])
-        deadline = time.time() + LOCK_WAIT
+        start = time.time()
+        deadline = start + LOCK_WAIT
+        said = False
         for fd in fds:
             while not _try_flock(fd):
+                if not said and time.time() - start > SAY_AFTER:
+                    said = True  # said while it waits: the controller quotes it if its answer is late
+                    note("waiting for the claims folder's lock (%s)%s" % (self.path, lock_holder(os.fstat(fd))))
                 if time.time() > deadline:
                     holder = lock_holder(os.fstat(fd))
                     held.close()

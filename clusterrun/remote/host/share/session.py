@@ -34,7 +34,7 @@ import select
 import struct
 import time
 
-from ..wire import Fail, read_exact
+from ..wire import Fail, note, read_exact
 from . import gpus as gpu_query
 from .claims import Claims, describe, hand_over
 
@@ -64,6 +64,7 @@ class ClaimSession:
         """True once the claim is taken (tentatively), or with --detach --wait once queued; False when the
         host is busy and the launch does not wait (the busy answer was sent)."""
         deadline = time.time() + float(self.conf.get("contend") or 0)
+        said = False
         while True:
             if self.requeued:
                 self.requeued = False
@@ -75,6 +76,10 @@ class ClaimSession:
                 if "granted" in verdict:
                     return True
                 if verdict.get("retry") and time.time() < deadline:
+                    if not said:  # the controller quotes it should the answer be late
+                        said = True
+                        note("waiting up to %gs for a younger launch's tentative claim here: %s"
+                             % (deadline - time.time(), describe(verdict)))
                     time.sleep(RETRY_S)
                     continue
                 if not self.conf.get("wait"):
