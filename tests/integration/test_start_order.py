@@ -139,10 +139,11 @@ def test_the_watchdog_speaks_for_detached_runs_too(cr, cluster):
     lab(cluster)
     t = time.monotonic()
     assert cr.run("launch", "--detach", counter_inventory(cr, "det.yaml", slow_first=True)).returncode == 0
-    text = _logs_until(cr, ["listens on :", "nothing listens on node0:"], 40)
+    # the first of the attached run's two warnings is enough to show the detached path speaks (the second
+    # comes 20 s after the start: the attached test waits for it)
+    text = _logs_until(cr, ["listens on :"], 30)
     assert re.search(r"rendezvous: node[12] r[12] listens on :\d+ on its own host, not on node0", text), text
-    assert "rendezvous: nothing listens on node0:" in text
-    assert time.monotonic() - t < 40
+    assert time.monotonic() - t < 30
     cr.run("stop", "latest")
     inv = cr.inventory("det-tutorial.yaml", hosts=2, job={"script": "tutorial_localhost.py", "rank_flags": False},
                        defaults={"slots": 1, "env": {"LAB_TIMEOUT": "20"}}, top={"timeouts": FAST})
