@@ -26,6 +26,9 @@ def reply(obj):
     sys.stdout.flush()
 
 
+SAY_AFTER = 1.0  # seconds: a wait (for a lock, another launch's claim) longer than this is said with note()
+
+
 def note(text):
     """A line on stderr for whoever reads it: the controller quotes its tail when the host program does
     not answer in time or its connection ends (hosts/failures.py), so a wait says what it waits for."""

@@ -7,10 +7,9 @@ import fcntl
 import os
 import time
 
-from ..wire import note
+from ..wire import SAY_AFTER, note
 
 LOCK_WAIT = 60.0  # how long a sweep waits for pushes in flight to finish with the cache
-SAY_AFTER = 1.0  # a wait for a lock longer than this is said on stderr (the controller quotes it)
 
 
 def cache_lock(workdir, exclusive, wait):

@@ -30,10 +30,9 @@ import os
 import stat
 import time
 
-from ..disk.lock import SAY_AFTER
 from ..files import GUARDED, read_capped
 from ..procs import exists, owner_uid
-from ..wire import Fail, note
+from ..wire import SAY_AFTER, Fail, note
 
 DEFAULT_DIR = "/tmp/clusterrun-claims"
 MAX_ENTRY = 64 << 10
