@@ -26,12 +26,12 @@ def failure(exc: BaseException, label: str, *, silent: str = "", lost: str = "",
             stream: Optional[Stream] = None) -> BaseException:
     """The error a host call's TimeoutError or StreamClosed is: CommandTimeout(silent), or
     ConnectError(`LOST: EXC[: STDERR TAIL]`); anything else is itself."""
+    if not isinstance(exc, (TimeoutError, StreamClosed)):
+        return exc  # its stream's stderr left unread, for whoever handles it
     tail = _tail(stream)
     if isinstance(exc, TimeoutError):  # what it said meanwhile (a wait for a lock, remote/host/wire.note)
         return CommandTimeout(label, silent + (f"; it said: {tail}" if tail else ""), command=command)
-    if isinstance(exc, StreamClosed):
-        return ConnectError(label, f"{lost}: {exc}" + (f": {tail}" if tail else ""))
-    return exc
+    return ConnectError(label, f"{lost}: {exc}" + (f": {tail}" if tail else ""))
 
 
 def _tail(stream: Optional[Stream]) -> str:
