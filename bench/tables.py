@@ -86,6 +86,7 @@ def hostcpu(v: View) -> List[str]:
     sizes = v.hosts("hostcpu")
     rows = [[label] + [f"{num(v('hostcpu', h, 'clusterrun', 'cpu_' + key), 0)} / "
                        f"{num(v('hostcpu', h, 'floor', 'cpu_' + key), 0)}" for h in sizes] for key, label in HOSTCPU]
+    rows.append(["total: clusterrun ÷ floor"] + [times(v.ratio("hostcpu", h, "clusterrun/floor")) for h in sizes])
     return ["## Per-host CPU of an attached launch, by process", "",
             "Milliseconds of CPU per host, clusterrun / the whole-process floor (the same job, `stamp.py --sleep 0`), "
             "medians. Every Python process on the hosts runs under bench/jobs/cpuwrap.py, which writes its own "

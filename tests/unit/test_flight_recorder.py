@@ -100,18 +100,20 @@ def test_ranks_are_asked_through_their_pipes(tmp_path):
 # ------------------------------------------------------------------ a real hang, real supervisors
 
 JOB = """\
-import os, shutil, sys, threading, time
+import os, select, shutil, sys, threading, time
 rank = int(sys.argv[1])
-pipe = os.environ["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] + "%d.pipe" % rank
-os.mkfifo(pipe)
+pipes = os.environ["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] + "%d.pipe"
+os.mkfifo(pipes % rank)
+reader = os.open(pipes % rank, os.O_RDONLY | os.O_NONBLOCK)  # read from now on: an ask finds it open
 
 def flight_recorder():  # NCCL's part: a dump of this rank's collectives when its pipe is written
-    with open(pipe, "rb") as fh:
-        fh.read(1)
+    select.select([reader], [], [])
     shutil.copy(os.path.join(sys.argv[2], "nccl_trace_rank_%d" % rank),
                 os.environ["TORCH_FR_DUMP_TEMP_FILE"] + "%d" % rank)
 
 threading.Thread(target=flight_recorder, daemon=True).start()
+while not all(os.path.exists(pipes % r) for r in range(4)):  # the hang clock runs from the last word: a
+    time.sleep(0.01)  # slow start of one rank (a loaded machine) must not leave it out of the ask
 print("rank", rank, "started", flush=True)
 
 def load_batch():

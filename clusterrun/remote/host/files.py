@@ -4,9 +4,10 @@ or half-written by a writer that died. And every file the host program opens in 
 or redirect it (open_regular), and read with a size cap (read_capped)."""
 
 import errno
-import json
 import os
 import stat
+
+from .stdlib import json
 
 # a FIFO opens at once instead of waiting for a writer, a symlink is refused, nothing leaks into children
 GUARDED = os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)

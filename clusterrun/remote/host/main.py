@@ -2,7 +2,6 @@
 its name and imports only what it needs (every push, follow and stop starts this program anew, and on a
 host that runs many ranks, or a test box that plays many hosts, its start-up is CPU of its own)."""
 
-import importlib
 import os
 
 from .paths import run_dir_of
@@ -49,7 +48,7 @@ def main(argv):
         if command not in COMMANDS:
             raise Fail("unknown command %r" % command, "protocol")
         module, function, kind = COMMANDS[command]
-        handler = getattr(importlib.import_module("." + module, __package__), function)
+        handler = getattr(__import__("%s.%s" % (__package__, module), fromlist=[function]), function)
         return handler(*_arguments(kind, workdir, args))
     except Fail as exc:
         answer = {"error": str(exc), "kind": exc.kind, "path": exc.path}

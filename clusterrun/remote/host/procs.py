@@ -2,8 +2,9 @@
 environment. Signals go only to processes that pass these checks - never to a name or pattern."""
 
 import os
-import signal
 import time
+
+from .stdlib import signal
 
 
 def _stat(pid):
@@ -133,7 +134,7 @@ def end_members(marker, grace):
     """TERM this user's processes that carry the marker, KILL those left after grace (each by pid and
     start time, so a pid reused meanwhile is never signalled); the pids found. For what left its rank's
     process group (setsid, a daemonized DataLoader worker) and so escaped the group's signals."""
-    import signal
+    from .stdlib import signal
 
     found = [(pid, start_ticks(pid)) for pid in run_members(marker)]
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
@@ -187,7 +188,7 @@ def die_with_parent(parent=None):
     child has been handed to init or a subreaper by then), so the child checks and ends itself."""
     try:
         import ctypes
-        import signal
+        from .stdlib import signal
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError, ImportError):
@@ -200,7 +201,7 @@ def rank_child(parent):
     """preexec_fn of a rank's process (or torchrun's) forked by the supervisor `parent`: it dies with the
     supervisor (die_with_parent), and SIGHUP is back to its default: the supervisor ignores it, and an
     ignored signal stays ignored across exec, where the rank's own program expects the default."""
-    import signal
+    from .stdlib import signal
 
     die_with_parent(parent)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)

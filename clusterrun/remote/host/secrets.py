@@ -9,9 +9,9 @@ When a run has ended on this host, `scrub_run` masks the log files in place and 
 spec.json: nothing on the host keeps them past the run.
 """
 
-import json
 import os
 
+from .stdlib import json
 from .files import write_json_atomic
 
 MIN_SECRET = 4  # the controller refuses shorter values

@@ -3,9 +3,10 @@ messages for the push (4-byte length, then JSON), frames for `follow`, and `Fail
 failure, answered as {"error", "kind", "path"} in the command's own form (a line, a message, or for
 `follow` an F frame: kind "missing" is "no such run here"). The controller's side is hosts/wire.py."""
 
-import json
 import struct
 import sys
+
+from .stdlib import json
 
 PROTOCOL = 1
 FRAME = struct.Struct(">cIQI")  # kind, rank, offset, payload length (follow's frames)

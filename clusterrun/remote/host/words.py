@@ -2,16 +2,19 @@
 (outcome.py, what `ps`, `logs` and the launch show) and the host program's own (notify's CLUSTERRUN_REASON,
 the mesh's word of a peer's failure), which are made on a host with no controller. Pure, stdlib only."""
 
-import signal as _signal
+from .stdlib import signal_names
 
 INTERRUPTED = "interrupted by the user (Ctrl-C)"
 
 
+_NAMES = []  # {number: name}, made on first use
+
+
 def signal_name(sig):
-    try:
-        return _signal.Signals(sig).name
-    except ValueError:
-        return "signal %s" % sig
+    if not _NAMES:
+        _NAMES.append(signal_names())
+    name = _NAMES[0].get(sig) if isinstance(sig, int) else None
+    return name or "signal %s" % sig
 
 
 def how_it_ended(exit_code=None, sig=None, note=""):

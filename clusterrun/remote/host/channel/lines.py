@@ -11,9 +11,9 @@ reordered, or from another connection or direction; or longer than any of ours) 
 and moves no counter: the connection and the lines after it go on. A line that passes but is not a message of ours is the
 ProtocolError it always was."""
 
-import json
 import time
 
+from ..stdlib import json
 from ..mac import TAG, same, tag
 from ..wire import read_exact
 
@@ -151,7 +151,7 @@ class Line:
 
 def recv_exact(sock, n, deadline, error, during="the handshake"):
     """Exactly n bytes from a blocking socket by deadline (time.monotonic()); error(text) otherwise."""
-    import socket
+    from ..stdlib import socket
 
     def read(k):
         sock.settimeout(max(0.01, deadline - time.monotonic()))
@@ -166,7 +166,7 @@ def recv_exact(sock, n, deadline, error, during="the handshake"):
 def read_line(sock, deadline, error=ProtocolError):
     """One message from a blocking socket by deadline, read no further than its newline (what follows
     may be another protocol's bytes); error(text) when the line is not one of ours, or does not come."""
-    import socket
+    from ..stdlib import socket
 
     data = b""
     while True:

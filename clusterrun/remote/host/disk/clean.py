@@ -8,11 +8,11 @@ so a push and a sweep at once never lose an object the push counted on. objects.
 is rewritten without the swept objects under the same lock.
 """
 
-import json
 import os
 import shutil
 import sys
 
+from ..stdlib import json
 from .cache import CacheIndex, object_id
 from ..wire import reply
 from .lock import LOCK_WAIT, cache_lock, run_lock

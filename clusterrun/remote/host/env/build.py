@@ -29,10 +29,10 @@ import fcntl
 import os
 import select
 import shutil
-import signal
 import subprocess
 import time
 
+from ..stdlib import signal
 from ..files import read_json, write_json_atomic
 from ..procs import kill_group
 from ..wire import send_msg

@@ -14,12 +14,11 @@ The record: {"python", "torch", "cuda", "nccl", "cudnn", "driver"}: each a versi
 (no torch, a CPU build, no GPU), and "error" where the interpreter could not say (its last line).
 """
 
-import json
 import os
-import re
 import sys
 import zlib
 
+from ..stdlib import json
 from ..files import read_json, write_json_atomic
 from ..shell import which
 
@@ -62,8 +61,7 @@ if spec is not None and spec.origin:
     found["cudnn"] = _dist("nvidia-cudnn-cu12", "nvidia-cudnn-cu11", "nvidia-cudnn-cu13")
 """
 EMPTY = {"python": None, "torch": None, "cuda": None, "nccl": None, "cudnn": None}
-VERSION_RE = re.compile(r"^\d+(\.\d+)+$")
-DRIVER_RE = re.compile(r"Kernel Module\s+(\d+(?:\.\d+)+)")
+MODULE = "Kernel Module"  # /proc/driver/nvidia/version: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05 ..."
 TIMEOUT = 60.0
 
 
@@ -88,9 +86,10 @@ def driver(proc_file="/proc/driver/nvidia/version", smi=None):
     """The NVIDIA driver's version, or None on a host without one."""
     try:
         with open(proc_file) as fh:
-            found = DRIVER_RE.search(fh.read())
-            if found:
-                return found.group(1)
+            text = fh.read()
+        words = text[text.find(MODULE) + len(MODULE):].split() if MODULE in text else []
+        if words and is_version(words[0]):
+            return words[0]
     except OSError:
         pass
     smi = smi or which("nvidia-smi")
@@ -105,7 +104,14 @@ def driver(proc_file="/proc/driver/nvidia/version", smi=None):
         return None
     lines = done.stdout.decode("utf-8", "replace").split()
     # "[N/A]" or an error text is no version: unknown, as on a host without a driver
-    return lines[0] if done.returncode == 0 and lines and VERSION_RE.match(lines[0]) else None
+    return lines[0] if done.returncode == 0 and lines and is_version(lines[0]) else None
+
+
+def is_version(word):
+    """`535.104.05`: numbers and dots, two numbers at least (no regex: re is not loaded on the push's path,
+    stdlib.py)."""
+    parts = word.split(".")
+    return len(parts) >= 2 and all(p.isascii() and p.isdigit() for p in parts)
 
 
 def of_env(env_dir, python):

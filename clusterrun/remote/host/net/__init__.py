@@ -2,7 +2,7 @@
 coordinator) bound to this host's own address, the one the inventory names (`addr`), never to every
 interface when that address is this host's."""
 
-import socket
+from ..stdlib import socket
 
 
 def free_port():

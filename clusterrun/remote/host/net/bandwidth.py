@@ -30,10 +30,10 @@ then `pings` round trips of one byte (the client times them), then both send at 
 import errno
 import os
 import select
-import socket
 import sys
 import time
 
+from ..stdlib import socket
 from ..channel.gate import Gatekeeper
 from ..channel.handshake import JoinError, Terms, join
 from ..channel.lines import recv_exact

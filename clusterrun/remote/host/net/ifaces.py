@@ -19,9 +19,13 @@ source rides along: hosts/probe.py) and by `bandwidth`.
 """
 
 import os
-import socket
 import struct
 import time
+
+try:
+    from ..stdlib import socket
+except ImportError:  # loaded from its source alone by check's probe (remote/probe.py: no package)
+    import socket
 
 RTF_UP = 0x1
 RTF_REJECT = 0x200  # unreachable / prohibit / blackhole

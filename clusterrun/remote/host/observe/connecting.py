@@ -10,8 +10,9 @@ TCP). Elsewhere it finds nothing, which costs nothing.
 """
 
 import os
-import socket
 import struct
+
+from ..stdlib import socket
 
 SYN_SENT = "02"
 LISTEN = "0A"

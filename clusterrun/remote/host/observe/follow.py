@@ -14,12 +14,12 @@ learnt as its workers register (state.rank_ids), so frames may name ranks the co
 expect here; they are always below the world size.
 """
 
-import json
 import os
 import select
 import sys
 import time
 
+from ..stdlib import json
 from ..files import open_regular, read_json
 from ..paths import exit_path, log_path
 from .state import collect_exits, load_state, mark_followed, rank_ids, supervisor_done

@@ -33,12 +33,12 @@ read again to be listed or compared.
 
 import fnmatch
 import hashlib
-import json
 import os
 import stat
 import struct
 import sys
 
+from ..stdlib import json
 from ..files import read_json
 from ..paths import job_dir, run_root
 from ..wire import CHUNK, Fail, read_msg, send_msg

@@ -19,13 +19,13 @@ memory.total --format=csv,noheader,nounits` where it exists (memory in MiB there
 container, /proc/stat and /proc/meminfo are the machine's, not the container's share.
 """
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 import time
 
+from ..stdlib import json
 from ..files import read_json
 from ..paths import attempt_dirs, log_path, run_dir_of
 from ..procs import same_process

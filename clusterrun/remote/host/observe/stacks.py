@@ -21,7 +21,6 @@ The same collection serves the hang watch (run/hang.py), inside the supervisor: 
 is the supervisor's child, which a rank allows under Yama.
 """
 
-import json
 import os
 import re
 import shutil
@@ -29,6 +28,7 @@ import subprocess
 import sys
 import time
 
+from ..stdlib import json
 from ..files import open_regular, read_capped, regular_size
 from ..paths import log_path, stacks_file
 from ..procs import same_process

@@ -1,9 +1,9 @@
 """A run's state on this host, read back from its files: what started, what ended, what is lost."""
 
 import os
-import signal
 import time
 
+from ..stdlib import signal
 from ..files import read_json, write_json_atomic
 from ..paths import exit_path
 from ..wire import Fail

@@ -5,9 +5,9 @@ starting here that will listen there: net/claimed.py)."""
 
 import errno
 import os
-import socket
 import sys
 
+from ..stdlib import socket
 from ..net.ifaces import find as find_interface
 
 

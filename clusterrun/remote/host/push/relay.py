@@ -21,9 +21,9 @@ HANDSHAKE_S seconds), so a silent or hostile connection costs the real upstream 
 proves the token is the one.
 """
 
-import socket
 import time
 
+from ..stdlib import socket
 from ..channel.gate import Gatekeeper
 from ..channel.handshake import JoinError, Terms, join
 from ..mac import ShortToken

@@ -18,7 +18,6 @@ It is read with an unpickler that builds builtin containers only: any class in t
 """
 
 import os
-import re
 import time
 
 from ..words import behind_text
@@ -28,7 +27,13 @@ PIPE_PREFIX = "nccl_trace_pipe_rank_"
 PATH_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
 DUMP_WAIT = 3.0  # after asking through the pipes, how long the ranks get to write their dumps
 MAX_BYTES = 64 << 20
-_RANK = re.compile(r"^%s(\d+)$" % PREFIX)
+
+
+def _dump_rank(name):
+    """The rank of a dump's file name (PREFIX + digits), or None (no regex: re is not loaded on the
+    launch's path, stdlib.py)."""
+    digits = name[len(PREFIX):] if name.startswith(PREFIX) else ""
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 def _plain_load(data):
@@ -90,13 +95,13 @@ def read_all(run_dir):
     except OSError:
         return lasts, errors
     for name in names:
-        m = _RANK.match(name)
-        if not m:
+        rank = _dump_rank(name)
+        if rank is None:
             continue
         try:
-            lasts[int(m.group(1))] = last_collective(read_dump(os.path.join(run_dir, name)))
+            lasts[rank] = last_collective(read_dump(os.path.join(run_dir, name)))
         except (OSError, ValueError) as exc:
-            errors[int(m.group(1))] = str(exc)
+            errors[rank] = str(exc)
     return lasts, errors
 
 

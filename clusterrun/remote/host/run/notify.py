@@ -25,10 +25,10 @@ hang, print a secret), the run's result is already settled, and no reader of the
 
 import os
 import select
-import signal
 import subprocess
 import time
 
+from ..stdlib import signal
 from ..files import open_regular
 from ..paths import job_dir
 from ..procs import MARKER_ENV, process_marker, run_members

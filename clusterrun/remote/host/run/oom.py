@@ -14,10 +14,9 @@ and then nothing is said (never a guess that blames memory):
 
 import errno
 import os
-import re
 import time
 
-KILLED = re.compile(r"(Memory cgroup out of memory|Out of memory)[^:]*: Killed process (\d+)")
+KILLED = r"(Memory cgroup out of memory|Out of memory)[^:]*: Killed process (\d+)"  # compiled when a rank was killed
 HOST = "killed by the OOM killer (host memory)"
 CGROUP = "killed by the OOM killer (its cgroup's memory limit)"
 MAX_RECORDS = 50000
@@ -85,8 +84,11 @@ def kernel_records(path="/dev/kmsg"):
 
 def judge(records, pid, since):
     """HOST, CGROUP or "" from the kernel's records: one naming pid, else (pid unknown) one since `since`."""
+    import re  # only here: a supervisor's start never loads it (stdlib.py)
+
+    killed = re.compile(KILLED)
     for at, message in reversed(records):
-        m = KILLED.search(message)
+        m = killed.search(message)
         if m and ((pid is not None and int(m.group(2)) == pid) or (pid is None and at >= since)):
             return CGROUP if m.group(1).startswith("Memory cgroup") else HOST
     return ""

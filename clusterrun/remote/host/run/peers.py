@@ -47,9 +47,9 @@ connecting included.
 """
 
 import errno
-import socket
 import time
 
+from ..stdlib import socket
 from ..channel.gate import HELLO_TIMEOUT, MAX_PENDING, Gatekeeper
 from ..channel.handshake import Joining, Terms, is_int
 from ..channel.lines import Line, ProtocolError

@@ -3,9 +3,9 @@ through the bootstrap (bootstrap.py: stacks on a signal, then the rank's entry e
 
 import errno
 import os
-import signal
 import time
 
+from ..stdlib import signal
 from ..files import open_regular
 from ..paths import job_dir, log_path, stacks_file
 from ..procs import rank_child, start_ticks

@@ -22,9 +22,9 @@ supervisor.log. The run goes on: a slow rank 0 may still come. The launcher torc
 rendezvous (its agent's): not watched here.
 """
 
-import socket
 import time
 
+from ..stdlib import socket
 from ..observe.connecting import listeners, retrying, sockets, table, tree
 from ..paths import stacks_file
 

@@ -4,12 +4,12 @@ exits recorded atomically, stops forwarded TERM → grace → KILL. When the spe
 this host (share/claims.py), the supervisor adopts it before any rank starts and gives it up at its end
 (or keeps it for the next attempt after a failure, while attempts remain)."""
 
-import json
 import os
 import select
 import sys
 import time
 
+from ..stdlib import json
 from ..disk.lock import run_lock
 from ..files import read_capped, read_json, regular_size, write_json_atomic
 from ..paths import exit_path, job_dir, run_root, stacks_dir

@@ -1,10 +1,9 @@
 """Stop a run on this host by its recorded process groups: TERM, grace, KILL; idempotent."""
 
 import os
-import shutil
-import signal
 import time
 
+from ..stdlib import signal
 from ..files import read_json, write_json_atomic
 from ..paths import attempt_dirs, run_root
 from ..procs import process_marker, rank_live, run_members, same_process, signal_rank
@@ -59,6 +58,8 @@ def _stop_one(run_dir, grace, reason):
 def _remove_unstarted(run_dir):
     if run_root(run_dir) != run_dir:  # an attempt folder that never started: nothing was pushed there
         return {"exits": {}, "left": [], "note": "never started"}
+    import shutil  # only here: it loads re (stdlib.py)
+
     removed = os.path.isdir(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     return {"exits": {}, "left": [], "note": "never started" + ("; pushed files removed" if removed else "")}

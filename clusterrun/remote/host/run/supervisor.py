@@ -9,10 +9,10 @@ recorded, and counted as lost once no controller follows the run (watch_mesh).
 
 import os
 import select
-import signal
 import sys
 import time
 
+from ..stdlib import signal
 from ..files import read_json, write_json_atomic
 from ..paths import exit_path
 from . import flight

@@ -18,10 +18,10 @@ then after the grace KILL to torchrun's group and to every registered worker's g
 
 import functools
 import os
-import signal
 import subprocess
 import time
 
+from ..stdlib import signal
 from ..files import open_regular, read_capped, read_json, regular_size
 from ..paths import job_dir
 from ..procs import rank_child, same_process, start_ticks

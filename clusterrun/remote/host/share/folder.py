@@ -25,11 +25,11 @@ What another user can put in the folder, and what becomes of it here:
 
 import errno
 import fcntl
-import json
 import os
 import stat
 import time
 
+from ..stdlib import json
 from ..files import GUARDED, read_capped
 from ..procs import exists, owner_uid
 from ..wire import SAY_AFTER, Fail, note

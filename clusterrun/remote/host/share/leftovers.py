@@ -23,15 +23,15 @@ Protocol (`leftovers`, one JSON request on stdin, one JSON line answered):
 """
 
 import fnmatch
-import json
 import os
 import pwd
 import re
-import signal
 import subprocess
 import sys
 import time
 
+from ..stdlib import json
+from ..stdlib import signal
 from ..files import read_json
 from ..paths import run_dir_of
 from ..procs import MARKER_ENV, same_process, start_ticks

@@ -28,12 +28,12 @@ killed) the host removes its entries at once; a controller that vanished without
 a word, in line or holding a tentative claim, the host gives up the same way.
 """
 
-import json
 import os
 import select
 import struct
 import time
 
+from ..stdlib import json
 from ..wire import Fail, note, read_exact
 from . import gpus as gpu_query
 from .claims import Claims, describe, hand_over

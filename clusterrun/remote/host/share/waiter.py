@@ -35,11 +35,11 @@ Files: RUN/waiter.json {"pid", "ticks", "since", "coordinator", "standing": {"re
 
 import os
 import shutil
-import signal
-import socket
 import sys
 import time
 
+from ..stdlib import signal
+from ..stdlib import socket
 from ..channel.gate import HELLO_TIMEOUT, Gatekeeper
 from ..channel.handshake import JoinError, Terms, join
 from ..channel.lines import Line, ProtocolError
