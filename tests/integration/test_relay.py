@@ -141,7 +141,7 @@ def test_auto_relays_only_when_it_pays(cr, cluster, tmp_path):
 
 
 HOST_PROGRAM = Path(__file__).resolve().parents[2] / "clusterrun" / "remote" / "host"
-SHIPPED = ("__init__.py", "mac.py", "wire.py", "channel/__init__.py", "channel/gate.py", "channel/handshake.py",
+SHIPPED = ("__init__.py", "mac.py", "wire.py", "stdlib.py", "channel/__init__.py", "channel/gate.py", "channel/handshake.py",
            "channel/lines.py", "net/__init__.py", "push/__init__.py", "push/relay.py")  # what relay.py needs
 LISTEN = ("import socket, sys; sys.path.insert(0, '/tmp'); from crhost.push import relay as crrelay; "
           "s = socket.socket(); s.bind(('', 0)); s.listen(4); "

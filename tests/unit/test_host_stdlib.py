@@ -180,3 +180,25 @@ def test_the_drivers_version_from_proc_or_nvidia_smi(tmp_path):
         proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.14  Release Build\n")
         assert fingerprint.driver(str(proc), smi=str(smi)) == want
     assert fingerprint.is_version("1.2") and not fingerprint.is_version("1") and not fingerprint.is_version("1..2")
+
+
+def test_an_installer_killed_by_a_signal_is_named_by_the_signal():
+    """env/build.py names how pip ended (issue 37's lean signal has no Signals enum: a regression crashed the
+    host program mid-build and the launch read "connection lost" instead of the signal)."""
+    from clusterrun.remote.host.env import build
+
+    assert build._exit_text(-real_signal.SIGKILL) == "by signal SIGKILL"
+    assert build._exit_text(-200) == "by signal 200"
+    assert build._exit_text(3) == "3"
+
+
+def test_the_host_modules_run_standalone_import_nothing_relative_to_the_package():
+    """Modules the controller or torchrun load outside the package (hosts/client.py sends env/base.py's
+    source; torchrun runs run/worker.py by path) must not import ..stdlib: they would fail with
+    "attempted relative import with no known parent package" on every host."""
+    from pathlib import Path
+
+    host = Path(stdlib.__file__).parent
+    for rel in ("env/base.py", "run/worker.py"):
+        text = (host / rel).read_text()
+        assert "from ." not in text, rel

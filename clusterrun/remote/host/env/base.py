@@ -4,10 +4,9 @@ described by running it once (version, implementation, platform tag: what the ve
 it is named before anything is built on the others. Kept under WORKDIR/fingerprints/bases/ (describe_cached), so a
 relaunch starts no interpreter to learn it again."""
 
+import json
 import os
 import sys
-
-from ..stdlib import json
 
 DESCRIBE = r"""
 import json, platform, sys, sysconfig
@@ -23,7 +22,7 @@ print(json.dumps({"executable": sys.executable, "version": platform.python_versi
 
 def index_reachable(host, port, timeout=2.0):
     """Whether a TCP connection to the package index opens from here (wheels: auto decides by it)."""
-    from ..stdlib import socket
+    import socket
 
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()

@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import time
 
-from ..stdlib import signal
+from ..stdlib import signal_names
 from ..files import read_json, write_json_atomic
 from ..procs import kill_group
 from ..wire import send_msg
@@ -244,10 +244,8 @@ def _pump(proc, log, stdin, deadline, what, tail):
 
 def _exit_text(code):
     if code < 0:
-        try:
-            return "by signal %s" % signal.Signals(-code).name
-        except ValueError:
-            return "by signal %d" % -code
+        name = signal_names().get(-code)
+        return "by signal %s" % name if name else "by signal %d" % -code
     return str(code)
 
 

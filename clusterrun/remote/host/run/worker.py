@@ -18,13 +18,12 @@ child that wrote no torchelastic error file gets one, holding the exception and 
 log, so torchrun's own summary shows them too. Stdlib only; a file of its own (torchrun runs it by path).
 """
 
+import json
 import os
 import re
+import signal
 import sys
 import time
-
-from ..stdlib import json
-from ..stdlib import signal
 
 RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
