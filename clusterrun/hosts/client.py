@@ -260,7 +260,7 @@ class HostClient:
              want_port: bool = False, check_port: Optional[int] = None, master_addr: str = "",
              relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False,
              hold: bool = True, claim: Optional[Tuple[dict, Any, int]] = None,
-             env_base: Optional[str] = None) -> "HeldPush":
+             env_base: Optional[str] = None, fingerprint: bool = False) -> "HeldPush":
         """Push the job and keep the channel for the start: one command per host for push and start.
         Dropping the HeldPush (abandon) makes the host remove the run it received; hold=False ends the
         command after the push instead (the run folder stays, unstarted; a later `start` starts it). The
@@ -270,11 +270,13 @@ class HostClient:
         0's host binds the supervisors' meeting port now, so every host can be started at once. claim:
         (the request, the launch's ClaimGroup, this host's place in it): the host claims its share before
         any byte is sent, and every host's answer meets in the group (launch/claiming.py). env_base:
-        job.environment's base interpreter, which the host describes in its facts (or says is missing)."""
+        job.environment's base interpreter, which the host describes in its facts (or says is missing).
+        fingerprint: the facts carry the stack fingerprint of the host's python (a launch without
+        job.environment compares them: HeldPush.fingerprint), which saves the launch a round trip."""
         try:
             result, stream, answer = self._with_program(lambda: self._push_once(
                 attempt_key, manifest, progress, hold, want_port, check_port, master_addr, relay, coordinator,
-                claim, env_base))
+                claim, env_base, fingerprint))
         except BaseException as exc:
             if relay is not None:
                 relay[0].fail(relay[1])
@@ -290,7 +292,8 @@ class HostClient:
     def _push_once(self, attempt_key: str, manifest: Manifest, progress: Callable[[int], None], hold: bool,
                    want_port: bool, check_port: Optional[int], master_addr: str,
                    relay: Optional[Tuple[RelayGroup, int]] = None, coordinator: bool = False,
-                   claim: Optional[Tuple[dict, Any, int]] = None, env_base: Optional[str] = None):
+                   claim: Optional[Tuple[dict, Any, int]] = None, env_base: Optional[str] = None,
+                   fingerprint: bool = False):
         t0 = time.monotonic()
         stream = self.transport.open(self.argv("receive", attempt_key))
         channel = PushChannel(stream, self.label, self.host, self.timeouts)
@@ -301,7 +304,7 @@ class HostClient:
                                           "check_port": check_port, "master_addr": master_addr,
                                           "addr": self.host.master_addr, "relay": relay is not None,
                                           "coordinator": coordinator, "claim": claim[0] if claim else None,
-                                          "env_base": env_base})
+                                          "env_base": env_base, "fingerprint": fingerprint})
             if claim is not None:
                 answer = channel.claim(answer, claim[1], claim[2])
             channel.raise_error(answer)

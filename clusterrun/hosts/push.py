@@ -268,9 +268,12 @@ class HeldPush:
                          waited=bool(answer.get("waited")), seconds=float(answer.get("seconds") or 0.0),
                          installer=answer.get("installer"), fingerprint=dict(answer.get("fingerprint") or {}))
 
-    def fingerprint(self, silence_s: float) -> Dict[str, Any]:
-        """The host's stack fingerprint for its plain python: (remote/host/env/fingerprint.py, cached there)."""
-        return dict(self._exchange("fingerprint", {}, lambda m: None, silence_s))
+    def fingerprint(self) -> Dict[str, Any]:
+        """The host's stack fingerprint for its plain python (remote/host/env/fingerprint.py, cached there),
+        from the push's facts: asked for with the manifest (HostClient.push(fingerprint=True))."""
+        if not isinstance(self.facts.get("fingerprint"), dict):
+            raise StartError(self.label, "the push's answer has no stack fingerprint (the launch did not ask for it)")
+        return dict(self.facts["fingerprint"])
 
     def _exchange(self, kind: str, request: dict, on_event: Callable[[dict], None], silence_s: float) -> dict:
         """One step of the held session that may take a while: the host beats or reports until it answers."""

@@ -218,10 +218,9 @@ class Steps:
         self.silence = max(inv.timeouts.host_lost, inv.timeouts.command)
 
     def fingerprints(self) -> Stacks:
-        """A plain python on each host: its fingerprint (cached there by interpreter and site-packages)."""
-        found = self.fan_out("fingerprint", self.plan.nodes,
-                             lambda node: self.held(node.node_rank).fingerprint(self.silence)).results
-        prints = {n.host.name: _bare(found[n.host.name]) for n in self.plan.nodes}
+        """A plain python on each host: its fingerprint (cached there by interpreter and site-packages), which
+        came with the push's first answer (no round trip of its own)."""
+        prints = {n.host.name: _bare(self.held(n.node_rank).fingerprint()) for n in self.plan.nodes}
         return Stacks(prints, {h: {"fingerprint": fp} for h, fp in prints.items()}, {})
 
     def build(self) -> Stacks:

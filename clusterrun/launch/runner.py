@@ -413,7 +413,7 @@ class Runner:
             self.run_id, manifest, progress, want_port=rank0 and plan.master_port is None,
             check_port=plan.master_port if rank0 else None, master_addr=plan.master_addr,
             relay=(relay, node.node_rank) if relay is not None else None, coordinator=rank0 and len(plan.nodes) > 1,
-            claim=self.claims.of(plan, node), **env_base)
+            claim=self.claims.of(plan, node), fingerprint=self.inv.job.environment is None, **env_base)
         if self.claims.waited:
             self.store.update_run(self.run_id, state=RunState.STARTING)
         self.hosts.hold(node.node_rank, held)

@@ -83,7 +83,9 @@ class FakeHost:
 class FakeHeld:
     def __init__(self, host, result, port, coordinator_port=None, claim=None):
         self.h, self.result, self.port, self.coordinator_port = host, result, port, coordinator_port
-        self.facts = {"python": "3.11.2", "executable": "/usr/bin/python3"}
+        self.facts = {"python": "3.11.2", "executable": "/usr/bin/python3",
+                      "fingerprint": {"python": "3.11.2", "torch": "2.13.0+cpu", "cuda": None, "nccl": None,
+                                      "cudnn": None, "driver": None}}
         self.claim = claim
         self.wait_port = None
 
@@ -99,9 +101,9 @@ class FakeHeld:
         self.h.followed_on_push = True
         return self.start(spec), FakeStream(self.h)
 
-    def fingerprint(self, silence_s):
-        """The host's stack fingerprint (hosts/push.py): every fake host has the same one."""
-        return {"python": "3.11.2", "torch": "2.13.0+cpu", "cuda": None, "nccl": None, "cudnn": None, "driver": None}
+    def fingerprint(self):
+        """The host's stack fingerprint, from the push's facts (hosts/push.py): every fake host has the same one."""
+        return dict(self.facts["fingerprint"])
 
     def abandon(self):
         self.h.world.calls.append(("abandon", self.h.name))
@@ -112,7 +114,7 @@ class FakeAgent:
         self.h = host
 
     def push(self, run_id, manifest, progress=lambda n: None, want_port=False, check_port=None, master_addr="",
-             relay=None, coordinator=False, claim=None):
+             relay=None, coordinator=False, claim=None, fingerprint=False):
         self.h.world.calls.append(("push", self.h.name))
         self.h.claim = claim
         granted = None

@@ -1,7 +1,9 @@
 """What the launch's preflight needs to know of this host, found while the push goes on and sent in its
 first answer (receive.py: no extra round trip): the Python, the interface the ranks will use
-(net/ifaces.py), and whether rank 0's fixed master port is free (who holds it: net/holder.py; a run
-starting here that will listen there: net/claimed.py)."""
+(net/ifaces.py), whether rank 0's fixed master port is free (who holds it: net/holder.py; a run
+starting here that will listen there: net/claimed.py), and, for a launch without job.environment, the
+plain python's stack fingerprint (env/fingerprint.py, cached here), which the launch compares across its
+hosts before any rank starts."""
 
 import errno
 import os
@@ -11,14 +13,19 @@ from ..stdlib import socket
 from ..net.ifaces import find as find_interface
 
 
-def host_facts(port, master_addr, workdir="", env_base=None):
+def host_facts(port, master_addr, workdir="", env_base=None, fingerprint=False):
     """What launch's preflight needs to know, found while the push goes on (no extra round trip).
-    env_base: job.environment's base interpreter, described (or its absence said: env/base.py)."""
+    env_base: job.environment's base interpreter, described (or its absence said: env/base.py);
+    fingerprint: this python's stack fingerprint is wanted (a launch without job.environment)."""
     facts = {"python": sys.version.split()[0], "executable": sys.executable}  # as platform.python_version()
     if env_base:  # imported here, as the holder and the claimed port below: a launch needs them seldom
         from ..env.base import describe_base, describe_cached
 
         facts["env_base"] = describe_cached(workdir, env_base) if workdir else describe_base(env_base)
+    if fingerprint:
+        from ..env.fingerprint import of_interpreter
+
+        facts["fingerprint"] = of_interpreter(workdir)
     facts["net"] = find_interface(master_addr)  # network: {ifname: auto} (net/ifaces.py)
     if port:  # rank 0's fixed master port must be free, bound the way torch's store binds it
         family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET

@@ -5,7 +5,6 @@ no half-made run stays (the run folder and the objects this push added go).
 
 Protocol (framed JSON messages, wire.read_msg/send_msg, after the push's {ok} answer):
   controller → {environment: {...}};  host → env/build.py's messages   (only where job.environment is set)
-  controller → {fingerprint: {}};  host → {fingerprint: {...}}          (a plain python: env/fingerprint.py)
   controller → {setup: {...}};  host → job_setup.py's messages        (only where job.setup is set)
   controller → {start: spec};   host → {state}                         (run/start.py)
                {start: spec, follow: offsets} (an attached launch): then the run's follow frames on this
@@ -36,11 +35,6 @@ def hold(push):
                 send_msg(answer)
                 return
             send_msg(answer)
-            message = read_msg(push.stdin)
-        if "fingerprint" in message:
-            from ..env.fingerprint import of_interpreter as interpreter_fingerprint
-
-            send_msg({"fingerprint": interpreter_fingerprint(push.workdir)})
             message = read_msg(push.stdin)
         if "setup" in message:
             from .job_setup import run_setup  # here: a job without setup never loads subprocess (5 ms a host)

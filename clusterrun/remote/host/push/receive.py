@@ -4,7 +4,8 @@ the run's job folder is built from hard links to them.
 
 Protocol (framed JSON messages, wire.read_msg/send_msg; object bytes raw in between):
   controller → manifest {files: [[rel, sha256, size, exec]], dirs, symlinks, hold, free_port, check_port,
-                         master_addr, env_base (job.environment's base interpreter, described in the facts)}
+                         master_addr, env_base (job.environment's base interpreter, described in the facts),
+                         fingerprint (the plain python's stack fingerprint wanted in the facts)}
   host       → {missing: [sha256...], repaired: [sha256...], port, facts (facts.py)}  or  {error, kind, path}
   controller → the missing objects' bytes, back to back, in the order asked
   host       → {ok, received, objects, files}  or  {error, kind, path}
@@ -176,7 +177,7 @@ class Push:
                   "relay_port": server.getsockname()[1] if server else None,
                   "coordinator_port": self.coordinator.getsockname()[1] if self.coordinator else None,
                   "facts": host_facts(manifest.get("check_port"), manifest.get("master_addr", ""), self.workdir,
-                                     manifest.get("env_base")),
+                                     manifest.get("env_base"), manifest.get("fingerprint")),
                   "claim": self.claim.answer() if self.claim is not None else None,
                   "wait_port": self.wait_server.getsockname()[1] if self.wait_server else None})
         return server
