@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 _HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host")
-_MAIN = b"import sys\nfrom clusterrun_host.main import main\nsys.exit(main(sys.argv))\n"
+_MAIN = b"import sys\nfrom clusterrun_host.main import run\nrun(sys.argv)\n"
 
 
 def host_sources():
@@ -90,7 +90,7 @@ BOOTSTRAP = (
     "os.path.isfile(os.path.join(a,'__main__.py')) or sys.exit(97);"
     "sys.argv=[a,sys.argv[1]]+sys.argv[3:];sys.path.insert(0,a);"
     # what runpy.run_path(a) would do, without runpy's own imports on every command
-    "from clusterrun_host.main import main;sys.exit(main(sys.argv))"
+    "from clusterrun_host.main import run;run(sys.argv)"
 )
 INSTALLER = (
     "import os,sys,io,shutil,hashlib,zipfile;os.umask(0o077);w=os.path.expanduser(sys.argv[1]);" + _TRUST +

@@ -197,6 +197,27 @@ def test_the_bootstrap_costs_almost_nothing_at_start_up(tmp_path):
     assert extra < max(0.015, 0.15 * plain[7]), (plain[7], boot[7])
 
 
+def test_the_bootstrap_proper_comes_from_the_bytecode_cache(tmp_path):
+    """Python compiles the script it runs at every start and caches nothing for it: bootstrap.py stays a few
+    lines and runs bootstrap_body.py's code through the import system's cache (__pycache__ beside it), written
+    by the first rank and read by the next; a traceback still shows none of either file."""
+    import shutil
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("bootstrap.py", "bootstrap_body.py"):
+        shutil.copy(os.path.join(os.path.dirname(BOOTSTRAP), name), folder / name)
+    assert len((folder / "bootstrap.py").read_text().splitlines()) < 40
+    write(tmp_path / "crash.py", CRASH)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(folder / "bootstrap.py"), str(tmp_path / "s"), "0", "crash.py"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 1 and "run/bootstrap" not in done.stderr and "line 2, in inner" in done.stderr
+        cached = list((folder / "__pycache__").glob("bootstrap_body.*.pyc"))
+        assert len(cached) == 1 and not list((folder / "__pycache__").glob("bootstrap.*.pyc"))
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["python", "train.py", "--rank", "0"], ["python", "B", "S", "7", "train.py", "--rank", "0"]),
     (["python", "-m", "pkg.train"], ["python", "B", "S", "7", "-m", "pkg.train"]),

@@ -3,6 +3,7 @@ its name and imports only what it needs (every push, follow and stop starts this
 host that runs many ranks, or a test box that plays many hosts, its start-up is CPU of its own)."""
 
 import os
+import sys
 
 from .paths import run_dir_of
 from .wire import Fail, fail_frame, reply, send_msg
@@ -56,3 +57,17 @@ def main(argv):
         return 1
     except BrokenPipeError:
         return 1
+
+
+def run(argv):
+    """main, then the process's end without the interpreter's teardown: every host program is a short-lived
+    process that has written all it leaves behind (files atomically, its answers flushed here) by the time
+    main returns, and tearing down its modules' objects cost ~2.5 ms of CPU per process for nothing. An
+    exception main lets out still ends the process as Python ends it (traceback, exit 1)."""
+    code = main(argv)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the controller is gone: nobody reads what is left
+            pass
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)

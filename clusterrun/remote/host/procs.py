@@ -180,19 +180,32 @@ def rank_live(marker, info):
     return False
 
 
+_PRCTL = []  # libc's prctl through ctypes, once loaded (death_signal_ready), or None where there is none
+
+
+def death_signal_ready():
+    """Load what die_with_parent calls (ctypes and libc's prctl) in this process, once: children forked
+    afterwards only call it. A supervisor that starts 8 ranks loads ctypes once (~4 ms of CPU), not in each
+    rank's fork. libc's prctl, or None where it cannot be had (not Linux, no ctypes)."""
+    if not _PRCTL:
+        try:
+            import ctypes
+
+            _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
+        except (OSError, AttributeError, ImportError):
+            _PRCTL.append(None)
+    return _PRCTL[0]
+
+
 def die_with_parent(parent=None):
     """For a child between fork and exec (preexec_fn): the kernel kills it when its parent, the supervisor,
     dies (PR_SET_PDEATHSIG), so a supervisor that dies leaves its ranks stopped, not orphaned. Linux
     only; elsewhere nothing happens (the next host-program call for the run then stops what is left).
     parent: the pid it was forked from. One that died before the death signal was set up sends none (the
     child has been handed to init or a subreaper by then), so the child checks and ends itself."""
-    try:
-        import ctypes
-        from .stdlib import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError, ImportError):
-        pass
+    prctl = death_signal_ready()
+    if prctl is not None:
+        prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     if parent is not None and os.getppid() != parent:
         os._exit(137)  # as if the death signal had come: 128 + SIGKILL
 
@@ -201,8 +214,6 @@ def rank_child(parent):
     """preexec_fn of a rank's process (or torchrun's) forked by the supervisor `parent`: it dies with the
     supervisor (die_with_parent), and SIGHUP is back to its default: the supervisor ignores it, and an
     ignored signal stays ignored across exec, where the rank's own program expects the default."""
-    from .stdlib import signal
-
     die_with_parent(parent)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 

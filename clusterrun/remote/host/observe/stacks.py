@@ -38,6 +38,8 @@ from ..wire import reply
 # by the end of its path: a run started by another version of this program runs that version's bootstrap
 # (installed: WORKDIR/bin/host-ID/clusterrun_host/...; in clusterrun's source tree: .../remote/host/...)
 BOOTSTRAPS = ("/clusterrun_host/run/bootstrap.py", "/clusterrun/remote/host/run/bootstrap.py")
+# the frames it runs in: the script's and its body's (bootstrap_body.py), which it runs from the bytecode cache
+BOOTSTRAP_FRAMES = BOOTSTRAPS + tuple(p[:-3] + "_body.py" for p in BOOTSTRAPS)
 HEADER = re.compile(r"^clusterrun-stacks pid=(\d+) main=(0x[0-9a-fA-F]+) signal=(\d+)$")
 THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(.*)\])? \(most recent call first\):$")
 FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
@@ -191,7 +193,7 @@ def parse_faulthandler(text, main_id=None):
 
 def _without_bootstrap(thread):
     """The bootstrap's own frames (outermost, below the entry's <module>) are not the rank's."""
-    thread["frames"] = [f for f in thread["frames"] if not is_bootstrap(f["file"])]
+    thread["frames"] = [f for f in thread["frames"] if not f["file"].endswith(BOOTSTRAP_FRAMES)]
     return thread
 
 

@@ -8,7 +8,7 @@ import time
 from ..stdlib import signal
 from ..files import open_regular
 from ..paths import job_dir, log_path, stacks_file
-from ..procs import rank_child, start_ticks
+from ..procs import death_signal_ready, rank_child, start_ticks
 from .supervisor import Supervisor
 
 
@@ -25,6 +25,7 @@ class RankSupervisor(Supervisor):
         rank order, start_gap seconds apart (a stop meanwhile starts no more)."""
         stopped_early = os.path.exists(os.path.join(self.run_dir, "stop.json"))
         gap = self.spec.get("start_gap")
+        death_signal_ready()  # loaded here, once: each rank's fork only calls it (rank_child)
         for i, r in enumerate(self.spec["ranks"]):
             rank = r["rank"]
             if i and gap and not stopped_early:
