@@ -20,6 +20,7 @@ import glob
 import hashlib
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import UsageError
@@ -122,6 +123,21 @@ def _set(opts: Options, attr: str, value, where: str, key: str) -> None:
         opts.sources.setdefault(key, where)
 
 
+@lru_cache(maxsize=4096)
+def _tokens(text: str) -> Optional[Tuple[str, str, Optional[Tuple[str, ...]]]]:
+    """A config line split as readconf.c splits it: its keyword (lower-cased), the rest, and the rest's words
+    (None: a quote is not closed); None for a blank line or a comment. Pure, so each distinct line is split
+    once per process: a launch looks every host up in the same files (0.7 ms a host, before)."""
+    keyword, rest = strdelim(text.rstrip(WHITESPACE + "\f") or text[:1])
+    if keyword == "":
+        keyword, rest = strdelim(rest)
+    if not keyword or keyword.startswith("#"):
+        return None
+    rest = rest.lstrip(WHITESPACE) if rest is not None else ""
+    words = argv_split(rest) if rest else []
+    return keyword.lower(), rest, tuple(words) if words is not None else None
+
+
 class Reader:
     """One pass over the files (readconf.c read_config_file and process_config_line)."""
 
@@ -155,14 +171,10 @@ class Reader:
         return True
 
     def line(self, text: str, where: str, active: List[bool], user: bool, never: bool, depth: int) -> None:
-        stripped = text.rstrip(WHITESPACE + "\f")
-        keyword, rest = strdelim(stripped or text[:1])
-        if keyword == "":
-            keyword, rest = strdelim(rest)
-        if not keyword or keyword.startswith("#"):
+        split = _tokens(text)
+        if split is None:
             return
-        keyword = keyword.lower()
-        rest = rest.lstrip(WHITESPACE) if rest is not None else ""
+        keyword, rest, split_words = split
         if not rest:
             raise Refused(where, keyword, "no argument after keyword")
         if keyword not in KEYWORDS:
@@ -170,11 +182,11 @@ class Reader:
             if ignored is None or match_pattern_list(keyword, ignored, True) != 1:
                 raise Refused(where, keyword, "Bad configuration option (a keyword OpenSSH 9.2 does not know; "
                                               "IgnoreUnknown lists the ones to pass over)")
-        words = argv_split(rest)
-        if words is None:
+        if split_words is None:
             raise Refused(where, keyword, "invalid quotes")
         if keyword not in KEYWORDS:
             return
+        words = list(split_words)
         try:
             used = self.keyword(keyword, words, rest, where, active, user, never, depth)
         except SyntaxProblem as exc:

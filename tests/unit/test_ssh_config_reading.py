@@ -345,3 +345,17 @@ def test_without_ssh_match_exec_runs_in_the_shell(tmp_path, monkeypatch):
     monkeypatch.setattr(openssh.shutil, "which", lambda name: None)
     found = openssh.config_options()("somehost")
     assert (found.get("user"), found.get("port"), found.needs_openssh) == ("fromexec", "22", "")
+
+
+def test_each_line_is_split_once_however_many_hosts_are_looked_up(tmp_path):
+    """A launch looks every host up in the same files: a line's split (keyword, words) is pure and kept, so
+    128 hosts cost one split of each distinct line; the lookups themselves stay each host's own."""
+    from clusterrun.config.ssh_readconf import _tokens
+
+    cfg = write(tmp_path / "config", "".join(f"Host n{i}\n  HostName 198.18.0.{i}\n  User u{i}\n" for i in range(40)))
+    _tokens.cache_clear()
+    found = [resolve(cfg, f"n{i}") for i in range(40)]
+    assert [f.get("hostname") for f in found] == [f"198.18.0.{i}" for i in range(40)]
+    assert [f.get("user") for f in found] == [f"u{i}" for i in range(40)]
+    info = _tokens.cache_info()
+    assert info.misses <= 3 * 40 + 2 and info.hits >= 39 * 3 * 40  # 120 distinct lines, each split once
