@@ -214,3 +214,24 @@ def group_label(sources: Iterable[Source], world: Optional[int] = None) -> str:
         return f"{hosts} r{'*' if every else rank_ranges(ranks)}"
     stream = sources[0][2]
     return f"{hosts} {stream}" if stream else hosts
+
+
+# -------------------------------------------------------------- a run's end
+
+
+def fold_results(rows: Iterable[Tuple[int, str, str, Optional[float]]]) -> List[Tuple[str, str, str, str]]:
+    """The closing summary folded: rows (rank, host, result, seconds) as one row per result, in the order of
+    each result's lowest rank: its ranks (`0-30 (31)`), their hosts (`node[0-30]`), the result, and the
+    durations (one, or their range `1.0–9.9 s`). A rank that ended its own way keeps a row of its own."""
+    groups: Dict[str, list] = {}
+    for rank, host, result, seconds in sorted(rows, key=lambda r: r[0]):
+        groups.setdefault(result, []).append((rank, host, seconds))
+    out = []
+    for result, members in groups.items():
+        ranks = [m[0] for m in members]
+        times = [m[2] for m in members if m[2] is not None]
+        low, high = (f"{min(times):.1f}", f"{max(times):.1f}") if times else ("-", "-")
+        out.append((rank_ranges(ranks) + (f" ({len(ranks)})" if len(ranks) > 1 else ""),
+                    host_ranges(list(dict.fromkeys(m[1] for m in members))), result,
+                    "-" if not times else f"{low} s" if low == high else f"{low}–{high} s"))
+    return out

@@ -75,6 +75,9 @@ class RunView:
         self.err = console(stderr=True)
         self.inventory = inventory  # named in hints
         self.logs = log_printer(secrets, fold, world)
+        self.fold, self.world = fold, world
+        self._ends: list = []  # folding: ranks that ended well, shown together (_show_ends) within the window
+        self._ends_since = 0.0
         self.quiet = quiet
         self.hosts = hosts  # how many the launch has (the live widget's "3/16 hosts")
         self._live = self.err.is_terminal and not quiet
@@ -88,16 +91,24 @@ class RunView:
             self.logs.write(ev.host, ev.rank, ev.data, ev.stream)
         elif isinstance(ev, Tick):
             self.logs.tick()
+            if self._ends and time.monotonic() - self._ends_since >= self._window():
+                self._show_ends()
         elif isinstance(ev, Phase):
             self._on_phase(ev)
         elif isinstance(ev, (HostProgress, HostDone)):
             self._on_host(ev)
         elif isinstance(ev, RankEnded):
             self.logs.flush()  # a rank's last lines before its end
+            if self.fold and not ev.failed:  # every rank's "ended: exit code 0" as one line
+                self._ends_since = self._ends_since if self._ends else time.monotonic()
+                self._ends.append(ev)
+                return
+            self._show_ends()
             style = "bold red" if ev.failed else "dim"
             self.err.print(Text(f"[{ev.host} r{ev.rank}] ended: {ev.description}", style=style))
         elif isinstance(ev, Notice):
             self.logs.flush()
+            self._show_ends()
             style = {"error": "bold red", "warning": "yellow"}.get(ev.level, "")
             self.err.print(Text(ev.text, style=style))
         elif isinstance(ev, Waiting):
@@ -108,6 +119,26 @@ class RunView:
             from .ports import banner
 
             self.err.print(Text(banner(ev.remote, ev.local, ev.host)))
+
+    @staticmethod
+    def _window() -> float:
+        from .fold import WINDOW_S
+
+        return WINDOW_S
+
+    def _show_ends(self) -> None:
+        """The ranks that ended well since the last time, one line per way they ended (`[node[0-31] r*]
+        ended: exit code 0`), in the order each way first came."""
+        if not self._ends:
+            return
+        from .fold import group_label
+
+        ways: Dict[str, list] = {}
+        for ev in self._ends:
+            ways.setdefault(ev.description, []).append((ev.host, ev.rank, ""))
+        self._ends = []
+        for description, sources in ways.items():
+            self.err.print(Text(f"[{group_label(sources, self.world)}] ended: {description}", style="dim"))
 
     def _on_host(self, ev: object) -> None:
         """A host's progress in the phase under way, or its part of it done."""
@@ -154,6 +185,7 @@ class RunView:
 
     def _on_phase(self, ev: Phase) -> None:
         self.logs.flush()
+        self._show_ends()
         if ev.name == "wait" and self._phase is not None and self._phase.name == "push":
             # the push's line comes after the wait, counting the hosts that pushed before it too
             self._phase.before += time.monotonic() - self._phase.started
@@ -182,6 +214,7 @@ class RunView:
 
     def close(self) -> None:
         self.logs.flush()
+        self._show_ends()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
@@ -247,16 +280,25 @@ class RunView:
                                                                    for r in others), style="dim"))
 
     def _summary(self, outcome: RunOutcome) -> None:
-        """Every rank's result and duration."""
+        """Every rank's result and duration; folding, one row per result (ranks `0-30 (31)`, hosts
+        `node[0-30]`, durations `1.0–9.9 s`): 128 rows of `ok` say less than one."""
         from rich.table import Table
 
         summary = Table(title=f"run {outcome.run_id}: {outcome.state.value}", title_justify="left")
-        for col in ("rank", "host", "result", "duration"):
-            summary.add_column(col)
-        for r in outcome.ranks:
-            summary.add_row(str(r.rank), r.host,
-                            r.describe(outcome.root_cause) if r.state is not RankState.SUCCEEDED else "ok",
-                            f"{r.duration:.1f} s" if r.duration is not None else "-")
+        rows = [(r.rank, r.host, r.describe(outcome.root_cause) if r.state is not RankState.SUCCEEDED else "ok",
+                 r.duration) for r in outcome.ranks]
+        if self.fold:
+            from .fold import fold_results
+
+            for col in ("ranks", "hosts", "result", "duration"):
+                summary.add_column(col)
+            for row in fold_results(rows):
+                summary.add_row(*row)
+        else:
+            for col in ("rank", "host", "result", "duration"):
+                summary.add_column(col)
+            for rank, host, result, seconds in rows:
+                summary.add_row(str(rank), host, result, f"{seconds:.1f} s" if seconds is not None else "-")
         self.err.print(summary)
 
     def _closing_lines(self, outcome: RunOutcome) -> None:

@@ -183,3 +183,40 @@ def test_the_run_view_shows_held_lines_on_the_loops_tick_and_at_its_end(capsysbi
     view.handle(LogLines("node0", 0, 0, b"bye\n"))
     view.close()
     assert capsysbinary.readouterr().out == b"[node0 r0] bye\n"
+
+
+def test_the_closing_summary_folds_to_one_row_per_result():
+    """128 rows of `ok` say less than one: ranks and hosts as sets, the durations' range; a rank that ended
+    its own way keeps its own row, in the order of each result's lowest rank."""
+    from clusterrun.ui.fold import fold_results
+
+    rows = [(r, f"node{r // 2}", "ok", 1.0 + r / 10) for r in range(32) if r != 5]
+    rows += [(5, "node2", "exit code 1", 0.4), (40, "gpu1", "ok", None)]
+    assert fold_results(rows) == [
+        ("0-4,6-31,40 (32)", "node[0-15],gpu1", "ok", "1.0–4.1 s"),
+        ("5", "node2", "exit code 1", "0.4 s")]
+    assert fold_results([(0, "a", "stopped", None)]) == [("0", "a", "stopped", "-")]
+
+
+def test_ranks_that_end_well_are_shown_together_and_a_failure_at_once(monkeypatch):
+    """Folding (16+ ranks): every rank's `ended: exit code 0` within the window as one line; a failed rank's
+    end shows at once, after the ends held so far."""
+    import io
+
+    from rich.console import Console
+
+    from clusterrun.events import TICK, RankEnded
+    from clusterrun.ui import run_view
+
+    out = io.StringIO()
+    monkeypatch.setattr(run_view, "console", lambda stderr=True: Console(file=out, width=200, no_color=True))
+    view = run_view.RunView(fold=True, world=16)
+    for rank in range(15):
+        view.handle(RankEnded(f"node{rank // 8}", rank, "exit code 0", False))
+    assert out.getvalue() == ""  # held for the window
+    view.handle(RankEnded("node1", 15, "exit code 3", True))
+    assert out.getvalue().splitlines() == ["[node[0-1] r0-14] ended: exit code 0", "[node1 r15] ended: exit code 3"]
+    view.handle(RankEnded("node0", 3, "exit code 0", False))
+    monkeypatch.setattr(run_view.time, "monotonic", lambda: 1e12)  # the window has passed
+    view.handle(TICK)
+    assert out.getvalue().splitlines()[-1] == "[node0 r3] ended: exit code 0"

@@ -57,6 +57,11 @@ def test_a_16_rank_launch_folds_by_default_and_logs_keep_every_ranks_lines(proje
     assert "[node1 r5] rank 5 only: cache miss" in out  # a line only one rank printed: shown, with its rank
     for r in range(16):  # each rank's own line: with just that rank
         assert f"[node{1 + r // 8} r{r}] rank {r} done" in out, out
+    # clusterrun's own lines fold too: the ranks' ends, and the closing summary (one row per result)
+    err = done.stderr.splitlines()
+    ended = [line for line in err if "ended: exit code 0" in line]
+    assert 1 <= len(ended) < 16 and any("r*] ended" in line or "r0-" in line for line in ended), err
+    assert any("0-15 (16)" in line and "node[1-2]" in line and " ok " in line for line in err), err
 
     run_id = run_id_of(done)
     folded = cli(project, "logs", "--fold", run_id)
@@ -83,3 +88,6 @@ def test_no_fold_shows_every_ranks_line_as_before(project):
     assert sorted(line for line in out if "every rank warns" in line) == sorted(
         f"[node{1 + r // 8} r{r}] UserWarning: every rank warns [deprecated]" for r in range(16))
     assert not any("r*]" in line for line in out)
+    err = done.stderr.splitlines()
+    assert sum("ended: exit code 0" in line for line in err) == 16 and "[node2 r15] ended: exit code 0" in err
+    assert any(line.startswith("│ 15 ") for line in err), err  # the summary: a row for every rank
