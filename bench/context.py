@@ -27,6 +27,7 @@ class Context:
     clusterrun_src: Optional[Path]  # run clusterrun from this source tree instead of the installed one
     quick: bool
     log: Callable[[str], None]
+    versus_src: Optional[Path] = None  # --versus REV: clusterrun at REV, a method of its own (`versus`)
 
     @property
     def n(self) -> int:
@@ -36,11 +37,19 @@ class Context:
     def clusterrun(self, *args: str) -> List[str]:
         return [sys.executable, "-m", "clusterrun", *map(str, args)]
 
-    def env(self) -> Dict[str, str]:
+    def env(self, versus: bool = False) -> Dict[str, str]:
+        """The measured clusterrun's environment; versus: the one of clusterrun at --versus REV instead."""
         env = dict(measured_env(), CLUSTERRUN_HOME=str(self.state), NO_COLOR="1", CLUSTERRUN_NO_RETENTION="1")
-        if self.clusterrun_src:
-            env["PYTHONPATH"] = str(self.clusterrun_src)
+        src = self.versus_src if versus else self.clusterrun_src
+        if src:
+            env["PYTHONPATH"] = str(src)
         return env
+
+    def with_versus(self, methods: Sequence[str]) -> Sequence[str]:
+        """The section's methods, and `versus` right after clusterrun when --versus is given."""
+        if self.versus_src is None:
+            return methods
+        return tuple(m for name in methods for m in ((name, "versus") if name == "clusterrun" else (name,)))
 
     @property
     def cwd(self) -> str:

@@ -32,7 +32,11 @@ PAIRS = {  # section: (name, numerator method, denominator method, metric)
                  ("ctl-cpu clusterrun/floor", "clusterrun", "floor", "cpu"),
                  ("hosts-cpu clusterrun/floor", "clusterrun", "floor", "hosts_cpu"),
                  ("ssh-serial/clusterrun", "ssh-serial", "clusterrun", "time"),
-                 ("pdsh/clusterrun", "pdsh", "clusterrun", "time")],
+                 ("pdsh/clusterrun", "pdsh", "clusterrun", "time"),
+                 ("clusterrun/versus", "clusterrun", "versus", "time"),  # --versus REV: the change's effect
+                 ("cpu clusterrun/versus", "clusterrun", "versus", "total_cpu"),
+                 ("versus/floor", "versus", "floor", "time"),
+                 ("cpu versus/floor", "versus", "floor", "total_cpu")],
     "launch": [("clusterrun/floor", "clusterrun", "floor", "time"),
                ("clusterrun/fair-floor", "clusterrun", "floor-job", "time"),
                ("cpu clusterrun/fair-floor", "clusterrun", "floor-job", "total_cpu"),
@@ -50,7 +54,8 @@ PAIRS = {  # section: (name, numerator method, denominator method, metric)
              ("scp-all/clusterrun-all", "scp-all", "clusterrun-all", "time"),
              ("rsync-all/clusterrun-all", "rsync-all", "clusterrun-all", "time")],
     "scale": [("launch/floor", "launch", "launch floor", "time"), ("exec/floor", "exec", "exec floor", "time")],
-    "hostcpu": [("clusterrun/floor", "clusterrun", "floor", "cpu_total")],
+    "hostcpu": [("clusterrun/floor", "clusterrun", "floor", "cpu_total"),
+                ("clusterrun/versus", "clusterrun", "versus", "cpu_total"), ("versus/floor", "versus", "floor", "cpu_total")],
     "claims": [("claims/no-claims", "claims", "no-claims", "time"),
                ("cpu claims/no-claims", "claims", "no-claims", "total_cpu")],
 }
@@ -360,7 +365,7 @@ def render(results_dir: Path, docs: bool = False) -> None:
     if "hostcpu" in data["summary"] and docs:  # and this one: a run of its own at a few sizes
         (REPO / "docs" / "bench-hostcpu.md").write_text(
             HOSTCPU_HEAD.format(results=rel, meta=tables.meta_line(data["meta"]))
-            + "\n".join(tables.hostcpu(tables.View(data["summary"]))[1:]) + "\n")
+            + "\n".join(tables.hostcpu(tables.View(data["summary"], data["meta"].get("versus")))[1:]) + "\n")
     if not set(data["summary"]) - {"relay", "scale", "hostcpu"} or not docs:
         return
     (REPO / "docs").mkdir(exist_ok=True)

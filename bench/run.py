@@ -67,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--at", metavar="REV", help="benchmark clusterrun/ as committed at REV (e.g. HEAD), exported "
                    "to a temporary folder: edits made meanwhile do not leak into the run")
     p.add_argument("--clusterrun-src", type=Path, help="run clusterrun from this source tree (default: installed)")
+    p.add_argument("--versus", metavar="REV", help="attached and hostcpu: also clusterrun as committed at REV, as a "
+                   "method of its own (`versus`) interleaved with the others: a change's effect, paired")
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<stamp>)")
     p.add_argument("--docs", action="store_true", help="also write docs/bench.md and docs/bench.png")
     p.add_argument("--keep-cluster", action="store_true", help="leave the last cluster up")
@@ -209,7 +211,10 @@ def main(argv=None) -> int:
     a.commit = None
     if a.at:
         a.clusterrun_src, a.commit = export(a.at)
+    versus = export(a.versus) if a.versus else None
     info = meta(a, argv)
+    if versus:
+        info["versus"] = versus[1]
     info["sizes"] = {}
     rec = Recorder(str(out / "results.json"))
     profiles = []
@@ -225,7 +230,7 @@ def main(argv=None) -> int:
                 cl.up()
                 info["sizes"][str(hosts)] = {"cluster_up_s": cl.up_seconds}
                 ctx = Context(cl, rec, work, out / "state", a.clusterrun_src.resolve() if a.clusterrun_src else None,
-                              a.quick, log)
+                              a.quick, log, versus_src=versus[0] if versus else None)
                 ctx.clear_stamps()
                 run_sections(ctx, a, reps, out, info, profiles, log)
             finally:
@@ -240,6 +245,8 @@ def main(argv=None) -> int:
         rec.save({"meta": info, "profiles": profiles})
         if a.at:
             shutil.rmtree(a.clusterrun_src, ignore_errors=True)
+        if versus:
+            shutil.rmtree(versus[0], ignore_errors=True)
     report.render(out, docs=a.docs)
     log(f"done in {time.monotonic() - t_start:.0f} s: {out / 'results.md'}")
     print((out / "results.md").read_text())

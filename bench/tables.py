@@ -10,8 +10,9 @@ DASH = "–"
 class View:
     """Read access to report.summarize()'s nested dict: view(section, hosts, method, metric, stat)."""
 
-    def __init__(self, summary: Dict):
+    def __init__(self, summary: Dict, versus: Optional[str] = None):
         self.summary = summary
+        self.versus = versus  # --versus REV: the commit the `versus` method ran
 
     def hosts(self, sec: str) -> List[str]:
         return sorted(self.summary.get(sec, {}), key=int)
@@ -67,7 +68,22 @@ def attached(v: View) -> List[str]:
                          "tail clusterrun / floor", "clusterrun phases connect / push / start"], rows) + [
         "CPU seconds per launch, controller + hosts (every process in the hosts' containers: sshd, the host "
         "program, the ranks; on this machine they share the controller's cores).", ""] + table(
-        ["hosts"] + list(METHODS_ATTACHED) + ["total ÷ floor", "controller ÷ floor", "hosts ÷ floor"], cpu_rows)
+        ["hosts"] + list(METHODS_ATTACHED) + ["total ÷ floor", "controller ÷ floor", "hosts ÷ floor"], cpu_rows) + \
+        versus_lines(v, "attached", [("time", "clusterrun/versus", "clusterrun/floor", "versus/floor"),
+                                     ("CPU (controller + hosts)", "cpu clusterrun/versus", "cpu clusterrun/floor",
+                                      "cpu versus/floor")])
+
+
+def versus_lines(v: View, sec: str, figures: Sequence[tuple]) -> List[str]:
+    """With --versus REV: clusterrun against itself at REV, paired per repetition, and each against the floor."""
+    sizes = [h for h in v.hosts(sec) if v.ratio(sec, h, figures[0][1]) is not None]
+    if not sizes:
+        return []
+    rows = [[h, label, times(v.ratio(sec, h, new_old)), times(v.ratio(sec, h, new_floor)), times(v.ratio(sec, h, old_floor))]
+            for h in sizes for label, new_old, new_floor, old_floor in figures]
+    return [f"clusterrun against itself at {v.versus or '--versus'} (`versus`), interleaved in the same "
+            "repetitions: ratios paired per repetition, medians.", ""] + table(
+        ["hosts", "figure", "clusterrun ÷ versus", "clusterrun ÷ floor", "versus ÷ floor"], rows)
 
 
 METHODS_ATTACHED = ("clusterrun", "floor", "ssh-serial", "pdsh")
@@ -87,11 +103,18 @@ def hostcpu(v: View) -> List[str]:
     rows = [[label] + [f"{num(v('hostcpu', h, 'clusterrun', 'cpu_' + key), 0)} / "
                        f"{num(v('hostcpu', h, 'floor', 'cpu_' + key), 0)}" for h in sizes] for key, label in HOSTCPU]
     rows.append(["total: clusterrun ÷ floor"] + [times(v.ratio("hostcpu", h, "clusterrun/floor")) for h in sizes])
+    versus = any(v.ratio("hostcpu", h, "clusterrun/versus") is not None for h in sizes)
+    if versus:  # --versus REV: the same split of clusterrun at REV, then the paired ratios
+        rows += [[f"versus: {label}"] + [num(v("hostcpu", h, "versus", "cpu_" + key), 0) for h in sizes]
+                 for key, label in HOSTCPU]
+        rows += [[f"total: {name.replace('/', ' ÷ ')}"] + [times(v.ratio("hostcpu", h, name)) for h in sizes]
+                 for name in ("clusterrun/versus", "versus/floor")]
     return ["## Per-host CPU of an attached launch, by process", "",
             "Milliseconds of CPU per host, clusterrun / the whole-process floor (the same job, `stamp.py --sleep 0`), "
             "medians. Every Python process on the hosts runs under bench/jobs/cpuwrap.py, which writes its own "
-            "CPU as it ends; sshd & shells is the rest of the containers' cgroup total.", ""] + table(
-        ["where"] + [f"{h} hosts" for h in sizes], rows)
+            "CPU as it ends; sshd & shells is the rest of the containers' cgroup total."
+            + (f" versus: clusterrun at {v.versus or '--versus'}, interleaved with the others."
+               if versus else ""), ""] + table(["where"] + [f"{h} hosts" for h in sizes], rows)
 
 
 def launch(v: View) -> List[str]:
@@ -294,7 +317,7 @@ def meta_line(meta: dict) -> str:
 
 
 def markdown(data: dict) -> str:
-    v, meta = View(data["summary"]), data["meta"]
+    v, meta = View(data["summary"], data["meta"].get("versus")), data["meta"]
     out = [f"# clusterrun benchmarks ({meta.get('date', '')})", "", meta_line(meta), ""]
     for name, part in (("attached", attached), ("launch", launch), ("push", lambda v: push(v, meta)), ("logs", logs),
                        ("teardown", teardown), ("training", training), ("pull", lambda v: pull(v, meta)),

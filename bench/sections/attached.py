@@ -44,8 +44,8 @@ def run_section(ctx: Context, reps: int) -> None:
     ctx.install_host_jobs()
     env = baselines.measured_env()
 
-    def clusterrun(tag: str) -> Done:
-        return run(ctx.clusterrun("launch", inv, "--", "--tag", tag, *JOB_ARGS), env=ctx.env(), cwd=ctx.cwd,
+    def clusterrun(tag: str, versus: bool = False) -> Done:
+        return run(ctx.clusterrun("launch", inv, "--", "--tag", tag, *JOB_ARGS), env=ctx.env(versus), cwd=ctx.cwd,
                    timeout=300, hosts_cpu=cl.hosts_cpu)
 
     def floor(tag: str) -> Done:
@@ -60,7 +60,8 @@ def run_section(ctx: Context, reps: int) -> None:
         argv, extra = baselines.pdsh_command(cl, "r=$(hostname); r=${r#node}; " + job_line(ctx, "$r", tag))
         return run(argv, env=dict(env, **extra), timeout=600, hosts_cpu=cl.hosts_cpu)
 
-    methods = {"clusterrun": clusterrun, "floor": floor, "ssh-serial": ssh_serial, "pdsh": pdsh}
+    methods = {"clusterrun": clusterrun, "floor": floor, "ssh-serial": ssh_serial, "pdsh": pdsh,
+               "versus": lambda tag: clusterrun(tag, versus=True)}
 
     def one(method: str, rep: int) -> None:
         record = rep >= 0
@@ -81,11 +82,11 @@ def run_section(ctx: Context, reps: int) -> None:
         add("total_cpu", done.cpu + done.hosts_cpu, "cpu-s")
         if method == "floor":
             add("inner", float(json.loads(done.outputs[0])["inner_s"]))
-        if method == "clusterrun":
+        if method in ("clusterrun", "versus"):
             phases = ctx.latest_run().get("phases") or {}
             for phase in ("connect", "push", "start"):
                 if phase in phases:
                     add(f"phase_{phase}", phases[phase])
 
-    ctx.interleave(SECTION, METHODS, reps, one)
+    ctx.interleave(SECTION, ctx.with_versus(METHODS), reps, one)
     ctx.check_no_leftovers(SECTION)

@@ -93,15 +93,15 @@ def run_section(ctx: Context, reps: int) -> None:
     inv_path.write_text(json.dumps(data, indent=1) + "\n")
     env = baselines.measured_env()
 
-    def clusterrun(tag: str) -> Done:
-        return run(ctx.clusterrun("launch", inv_path, "--", "--tag", tag, "--sleep", "0", "--parent-cpu"), env=ctx.env(),
-                   cwd=ctx.cwd, timeout=300, hosts_cpu=cl.hosts_cpu)
+    def clusterrun(tag: str, versus: bool = False) -> Done:
+        return run(ctx.clusterrun("launch", inv_path, "--", "--tag", tag, "--sleep", "0", "--parent-cpu"),
+                   env=ctx.env(versus), cwd=ctx.cwd, timeout=300, hosts_cpu=cl.hosts_cpu)
 
     def floor(tag: str) -> Done:
         line = (f"cd ~/{HOST_JOBS} && {WRAPPER} stamp.py --rank {{rank}} --world-size {n} --tag {tag} --sleep 0")
         return run(baselines.floor(cl, line), env=env, timeout=300, hosts_cpu=cl.hosts_cpu)
 
-    methods = {"clusterrun": clusterrun, "floor": floor}
+    methods = {"clusterrun": clusterrun, "floor": floor, "versus": lambda tag: clusterrun(tag, versus=True)}
 
     def one(method: str, rep: int) -> None:
         tag = f"{SECTION}-{n}-{method}-{rep if rep >= 0 else 'warmup'}"
@@ -115,7 +115,7 @@ def run_section(ctx: Context, reps: int) -> None:
         if rep < 0:
             return
         cat = split(records)
-        if method == "clusterrun":  # the held push up to the rank's first statement (its parent's parent), then on
+        if method != "floor":  # the held push up to the rank's first statement (its parent's parent), then on
             before = sum(ctx.stamps(tag, "pcpu").values()) - cat.get("host_startup", 0.0)
             cat["host_push_start"] = before
             cat["host_follow"] = cat.get("host_receive", 0.0) - before
@@ -125,5 +125,5 @@ def run_section(ctx: Context, reps: int) -> None:
         for name in CATEGORIES:
             ctx.rec.add(SECTION, n, method, f"cpu_{name}", 1000 * cat.get(name, 0.0) / n, rep, "ms")
 
-    ctx.interleave(SECTION, METHODS, reps, one)
+    ctx.interleave(SECTION, ctx.with_versus(METHODS), reps, one)
     ctx.check_no_leftovers(SECTION)
