@@ -394,9 +394,9 @@ def test_the_push_facts_carry_the_stack_fingerprint_when_asked(host_client, tmp_
 
 
 def test_a_supervisor_loads_ctypes_once_for_all_its_ranks(tmp_path):
-    """The death signal (PR_SET_PDEATHSIG) needs ctypes: the supervisor loads it once before its first
-    fork, so none of its ranks' forks loads it again between fork and exec (~4 ms of CPU each, on a host
-    with 8 ranks 8 times)."""
+    """The death signal (PR_SET_PDEATHSIG) needs (_)ctypes: the supervisor loads it once before its first
+    fork, so none of its ranks' forks loads it again between fork and exec (CPU each time, on a host with
+    8 ranks 8 times)."""
     import subprocess
 
     from clusterrun.remote.host import paths, procs
@@ -411,7 +411,7 @@ def test_a_supervisor_loads_ctypes_once_for_all_its_ranks(tmp_path):
         "import builtins, json, os, sys, time\n"
         "real = builtins.__import__\n"
         "def traced(name, *a, **k):\n"
-        "    if name == 'ctypes' and 'ctypes' not in sys.modules:\n"
+        "    if name in ('ctypes', '_ctypes') and name not in sys.modules:\n"
         "        with open(%r, 'a') as fh: fh.write('%%d\\n' %% os.getpid())\n"
         "    return real(name, *a, **k)\n"
         "builtins.__import__ = traced\n"
@@ -428,3 +428,23 @@ def test_a_supervisor_loads_ctypes_once_for_all_its_ranks(tmp_path):
     assert [e["exit_code"] for e in json.loads(exits).values()] == [0, 0, 0]
     assert (tmp_path / "imports").read_text().split() == [pid]  # the supervisor's, once: no rank's fork
     assert procs.death_signal_ready() is not None  # libc's prctl, here on Linux
+
+
+def test_the_death_signal_is_set_without_loading_ctypes_python_layer(tmp_path):
+    """die_with_parent sets PR_SET_PDEATHSIG through _ctypes alone (ctypes' Python layer is ~4 ms of CPU a
+    load): the kernel reports SIGKILL as the process's death signal afterwards."""
+    import subprocess
+
+    from clusterrun.remote.host import procs
+
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(procs.__file__))))  # clusterrun/
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from remote.host import procs\n"
+            "procs.die_with_parent()\n"
+            "loaded = 'ctypes' in sys.modules\n"
+            "import ctypes\n"
+            "sig = ctypes.c_int(0)\n"
+            "ctypes.CDLL(None).prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG\n"
+            "print(loaded, sig.value)\n" % src)
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", str(int(signal.SIGKILL))], out.stderr
