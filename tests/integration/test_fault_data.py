@@ -20,10 +20,12 @@ def project(tmp_path, files):
 
 
 def small_disk_listing(cluster, host="node2"):
-    """Files on node2's small disk, but for the host program itself (installed once, kept) and the
-    cache's empty lock file (pushes and `clean --cache` share it; it holds no bytes)."""
+    """Files on node2's small disk, but for the host program itself (installed once, kept), the cache's
+    empty lock file (pushes and `clean --cache` share it; it holds no bytes) and the host python's stack
+    fingerprint (cached with the push's first answer, keyed by the interpreter: the host's, not the push's)."""
     rc, out, _ = cluster.exec(host, ["find", "/small", "-mindepth", "1", "-not", "-type", "d",
                                      "-not", "-path", "/small/clusterrun/bin/*",
+                                     "-not", "-path", "/small/clusterrun/fingerprints/*",
                                      "-not", "(", "-path", "/small/clusterrun/cache/lock", "-empty", ")"])
     assert rc == 0
     return out.split()
