@@ -98,14 +98,7 @@ class RunView:
         elif isinstance(ev, (HostProgress, HostDone)):
             self._on_host(ev)
         elif isinstance(ev, RankEnded):
-            self.logs.flush()  # a rank's last lines before its end
-            if self.fold and not ev.failed:  # every rank's "ended: exit code 0" as one line
-                self._ends_since = self._ends_since if self._ends else time.monotonic()
-                self._ends.append(ev)
-                return
-            self._show_ends()
-            style = "bold red" if ev.failed else "dim"
-            self.err.print(Text(f"[{ev.host} r{ev.rank}] ended: {ev.description}", style=style))
+            self._on_rank_ended(ev)
         elif isinstance(ev, Notice):
             self.logs.flush()
             self._show_ends()
@@ -119,6 +112,16 @@ class RunView:
             from .ports import banner
 
             self.err.print(Text(banner(ev.remote, ev.local, ev.host)))
+
+    def _on_rank_ended(self, ev: RankEnded) -> None:
+        self.logs.flush()  # a rank's last lines before its end
+        if self.fold and not ev.failed:  # every rank's "ended: exit code 0" as one line (_show_ends)
+            self._ends_since = self._ends_since if self._ends else time.monotonic()
+            self._ends.append(ev)
+            return
+        self._show_ends()
+        style = "bold red" if ev.failed else "dim"
+        self.err.print(Text(f"[{ev.host} r{ev.rank}] ended: {ev.description}", style=style))
 
     @staticmethod
     def _window() -> float:
