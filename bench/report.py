@@ -185,8 +185,15 @@ def logs_targets(summary: Dict, add) -> None:
             add("logs: no line lost, duplicated or damaged", h, bad, bad == 0,
                 f"{lost:.0f} lost, {dup:.0f} dup, {dmg:.0f} damaged")
         p50 = get(summary, "logs", h, "clusterrun", "delay", "p50")
-        add("log delay p50 < 100 ms", h, p50, _held(p50, lambda x: x < 0.1),
-            "" if p50 is None else f"{p50 * 1e3:.0f} ms")
+        plain = get(summary, "logs", h, "clusterrun-no-fold", "delay", "p50")
+        if plain is None:
+            add("log delay p50 < 100 ms", h, p50, _held(p50, lambda x: x < 0.1),
+                "" if p50 is None else f"{p50 * 1e3:.0f} ms")
+            continue
+        add("log delay p50 < 100 ms (--no-fold: the transport's)", h, plain, _held(plain, lambda x: x < 0.1),
+            f"{plain * 1e3:.0f} ms")
+        add("folded live view (the default from 16 ranks): delay p50 within the fold's 200 ms", h, p50,
+            _held(p50, lambda x: x <= 0.2), "" if p50 is None else f"{p50 * 1e3:.0f} ms")
 
 
 def teardown_targets(summary: Dict, add) -> None:

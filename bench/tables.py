@@ -201,8 +201,11 @@ def logs(v: View) -> List[str]:
         delay = lambda m, d, h=h: " / ".join(num(v("logs", h, m, "delay", p), d, 1e3) for p in ("p50", "p95"))  # noqa: E731
         bad = "/".join(num(v("logs", h, "clusterrun", k, "max"), 0) for k in ("lost", "duplicated", "damaged"))
         cpu = f"{num(v('logs', h, 'clusterrun', 'cpu'), 1)} ({num(v('logs', h, 'clusterrun', 'cpu_per_mline'), 1)})"
+        folded = v("logs", h, "clusterrun-no-fold", "delay", "p50") is not None  # from 16 ranks the view folds
         rows.append([h, rate("clusterrun"), rate("ssh"), times(v.ratio("logs", h, "clusterrun/ssh")), bad, cpu,
-                     num(v("logs", h, "ssh", "cpu"), 1), delay("clusterrun", 0), delay("ssh", 1)])
+                     num(v("logs", h, "ssh", "cpu"), 1),
+                     delay("clusterrun", 0) + (f" (folded; --no-fold {delay('clusterrun-no-fold', 0)})" if folded else ""),
+                     delay("ssh", 1)])
     return ["## Logs: every rank printing flat out; one line a second", "",
             "lines/s: lines received ÷ (last arrival − first arrival); in brackets ÷ (command end − spawn), "
             "start-up included.", ""] + table(

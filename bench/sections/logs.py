@@ -19,6 +19,8 @@ from ..measure import percentile, rotate, run_parallel
 SECTION = "logs"
 METHODS = ("clusterrun", "ssh")
 WIDTH = 80
+FOLD_AT = 16  # ranks: a launch folds its live view by default from this many (clusterrun/ui/fold.py; the
+# bench imports nothing of the clusterrun it measures, which may be another version: --at, --versus)
 
 
 class Chunks:
@@ -123,8 +125,9 @@ def _delay(ctx: Context, inv, method: str, rep: int, ticks: int) -> None:
     n, cl = ctx.n, ctx.cluster
     tick_args = ["--ticks", str(ticks)]
     chunks = Chunks()
-    if method == "clusterrun":
-        done = run_parallel([ctx.clusterrun("launch", inv, "--", *tick_args)], env=ctx.env(),
+    if method.startswith("clusterrun"):  # clusterrun-no-fold: the transport alone, without the fold's window
+        flags = ["--no-fold"] if method == "clusterrun-no-fold" else []
+        done = run_parallel([ctx.clusterrun("launch", *flags, inv, "--", *tick_args)], env=ctx.env(),
                             cwd=ctx.cwd, timeout=300, on_chunk=chunks)
     else:
         done = run_parallel(baselines.ssh_each(cl, "ticker.py", lambda i: tick_args, f"~/{HOST_JOBS}"),
@@ -154,11 +157,14 @@ def run_section(ctx: Context, reps: int, total_lines: int = 1_000_000, ticks: in
         ctx.log(f"  logs rep {rep + 1}/{reps}: " + ", ".join(
             f"{m} {ctx.rec.values(SECTION, n, m, 'lines_per_s')[-1] / 1e3:.0f}k lines/s "
             f"(lost {ctx.rec.values(SECTION, n, m, 'lost')[-1]:.0f})" for m in METHODS))
+    # from FOLD_AT ranks a launch folds its live view by default, which holds each line up to its window
+    # (docs/logs.md): the delay then also without folding, the transport's own
+    delay_methods = METHODS + (("clusterrun-no-fold",) if n >= FOLD_AT else ())
     for rep in range(delay_reps):
-        for method in rotate(METHODS, rep):
+        for method in rotate(delay_methods, rep):
             _delay(ctx, tick_inv, method, rep, ticks)
         ctx.log(f"  delay rep {rep + 1}/{delay_reps}: " + ", ".join(
-            f"{m} p50 {ctx.rec.values(SECTION, n, m, 'delay_p50')[-1] * 1e3:.1f} ms" for m in METHODS))
+            f"{m} p50 {ctx.rec.values(SECTION, n, m, 'delay_p50')[-1] * 1e3:.1f} ms" for m in delay_methods))
     ctx.rec.note(SECTION, n, f"flood: {per_rank} lines of {WIDTH} bytes per rank ({n * per_rank} in all); "
                              f"delay: {ticks} lines per rank, one a second, {delay_reps} repetitions pooled")
     ctx.check_no_leftovers(SECTION)

@@ -24,7 +24,12 @@ class LineSplitter:
         if len(rest) >= self.max_line:  # a line without end (binary, a progress bar): show it in pieces
             lines, rest = lines + rest + b"\n", b""
         self._partial = rest
-        self.partial_since = (self.partial_since or time.monotonic()) if rest else None
+        # since when this unfinished line has waited for its end: a line that ended here starts the clock anew
+        # (a flood ends nearly every chunk mid-line: the idle flush must not cut those lines in two)
+        if not rest:
+            self.partial_since = None
+        elif cut or self.partial_since is None:
+            self.partial_since = time.monotonic()
         return lines
 
     def flush(self) -> bytes:

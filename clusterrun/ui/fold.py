@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..stacks import rank_ranges
 
@@ -39,16 +38,20 @@ def fold_wanted(option: Optional[bool], ranks: int) -> bool:
     return option if option is not None else ranks >= FOLD_AT
 
 
-@dataclass(eq=False)
 class _Group:
-    key: Tuple[str, bytes]  # (stream, line)
-    at: float  # when its first line came (or the group it moved up before: so the order stays by time)
-    seq: float  # its place in the order shown
-    members: Dict[Source, None] = field(default_factory=dict)  # in the order they joined
+    """Held lines alike: one made per distinct line of a flood, so a plain class with slots (a dataclass's
+    default_factory cost a flood of 16 ranks' lines a third of its time here)."""
+
+    __slots__ = ("key", "at", "seq", "members")
+
+    def __init__(self, key: Tuple[str, bytes], at: float, seq: float):
+        self.key = key  # (stream, line)
+        self.at = at  # when its first line came (or the group it moved up before: so the order stays by time)
+        self.seq = seq  # its place in the order shown
+        self.members: Dict[Source, None] = {}  # in the order they joined
 
 
-@dataclass(frozen=True)
-class Folded:
+class Folded(NamedTuple):
     """Lines to show under one prefix: several lines of one source, or one line of several."""
 
     sources: Tuple[Source, ...]
@@ -73,15 +76,16 @@ class Folder:
         return self._held
 
     def add(self, source: Source, data: bytes, now: float) -> List[Folded]:
-        """Whole lines of one source; what is due by now (those lines, or older ones)."""
-        out = self.due(now)  # first: a group past its window takes no more lines
+        """Whole lines of one source, held; what must be shown now to hold no more than max_held lines (the
+        oldest). What has waited its window is shown by the next `due` (the run's loop calls it every 50 ms):
+        one batch then, not a release with every line (a flood of distinct lines paid it per line)."""
         start = 0
         while start < len(data):
             end = data.find(b"\n", start)
             end = len(data) if end < 0 else end + 1
             self._place(source, data[start:end], now)
             start = end
-        return out + self._release(lambda g: g.at <= now - self.window or self._held > self.max_held)
+        return self._release(lambda g: self._held > self.max_held) if self._held > self.max_held else []
 
     def due(self, now: float) -> List[Folded]:
         """What has waited its window by now."""
@@ -99,7 +103,7 @@ class Folder:
         key = (source[2], line)
         own = self._own.get(source)
         last = own[-1] if own else None
-        group = self._joinable(source, key, last)
+        group = self._joinable(source, key, last, now - self.window)
         if group is None:
             self._seq += 1
             group = _Group(key, now, float(self._seq))
@@ -109,16 +113,20 @@ class Folder:
         self._own.setdefault(source, deque()).append(group)
         self._held += 1
 
-    def _joinable(self, source: Source, key: Tuple[str, bytes], last: Optional[_Group]) -> Optional[_Group]:
-        """The oldest held group of this line that the source may join, if any."""
+    def _joinable(self, source: Source, key: Tuple[str, bytes], last: Optional[_Group],
+                  stale: float) -> Optional[_Group]:
+        """The oldest held group of this line that the source may join, if any: not one that began at or
+        before `stale` (it has waited its window: the same line now is a new one, shown again)."""
         groups = self._by_key.get(key)
         if not groups:
             return None
         if last is None:
-            return next((g for g in groups if source not in g.members), None)
+            return next((g for g in groups if source not in g.members and g.at > stale), None)
         found = None
         looked = 0
         for g in reversed(groups):  # those after the source's last group cannot hold it yet
+            if g.at <= stale:
+                continue
             if g.seq > last.seq:
                 found = g
                 continue
@@ -153,7 +161,8 @@ class Folder:
     # -------------------------------------------------------------- showing
 
     def _release(self, ready) -> List[Folded]:
-        out: List[Folded] = []
+        runs: List[Tuple[Tuple[Source, ...], List[bytes]]] = []  # joined once at the end: a run of one
+        # source's lines grown a line at a time by bytes + bytes was quadratic (a flood: ~20 µs a line)
         while self._pending and ready(self._pending[0]):
             group = self._pending.popleft()
             same = self._by_key[group.key]
@@ -167,11 +176,11 @@ class Folder:
                     del self._own[source]
             self._held -= len(group.members)
             sources = tuple(group.members)
-            if len(sources) == 1 and out and out[-1].sources == sources:  # a run of one source's lines
-                out[-1] = Folded(sources, out[-1].data + group.key[1])
+            if len(sources) == 1 and runs and runs[-1][0] == sources:  # a run of one source's lines
+                runs[-1][1].append(group.key[1])
             else:
-                out.append(Folded(sources, group.key[1]))
-        return out
+                runs.append((sources, [group.key[1]]))
+        return [Folded(sources, b"".join(lines)) for sources, lines in runs]
 
 
 # -------------------------------------------------------------- the prefix

@@ -15,6 +15,25 @@ def test_splitter_returns_whole_lines_and_keeps_the_rest():
     assert s.flush() == b""
 
 
+def test_an_unfinished_lines_wait_starts_when_the_line_does(monkeypatch):
+    """The idle flush shows a line that has waited 1 s for its end (a progress bar): the wait is that line's,
+    not the stream's. A flood ends nearly every chunk mid-line; under a slow terminal (folding 16 ranks)
+    chunks kept coming for over a second with some line always unfinished, and the flush cut one in two."""
+    from clusterrun.hosts import logs
+
+    clock = [100.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: clock[0])
+    s = LineSplitter()
+    s.feed(b"0 0000 x")  # a line begins
+    for i in range(1, 30):  # a chunk every 0.1 s, each ending mid-line
+        clock[0] += 0.1
+        assert s.feed(b"x\n%d %04d x" % (i, i)) == b"%d %04d xx\n" % (i - 1, i - 1)
+        assert s.partial_since == clock[0]  # the unfinished line is the one begun now
+    clock[0] += 0.5
+    assert s.feed(b"yyy") == b"" and s.partial_since == clock[0] - 0.5  # the same line goes on: its wait too
+    assert s.feed(b"\n") == b"29 0029 xyyy\n" and s.partial_since is None
+
+
 def test_splitter_memory_is_bounded_by_max_line():
     s = LineSplitter(max_line=8)
     out = s.feed(b"x" * 20)
