@@ -19,8 +19,11 @@ from ..measure import percentile, rotate, run_parallel
 SECTION = "logs"
 METHODS = ("clusterrun", "ssh")
 WIDTH = 80
-FOLD_AT = 16  # ranks: a launch folds its live view by default from this many (clusterrun/ui/fold.py; the
-# bench imports nothing of the clusterrun it measures, which may be another version: --at, --versus)
+# a launch folds its live view by default from FOLD_AT ranks, holding a line up to FOLD_WINDOW s
+# (clusterrun/ui/fold.py; the bench imports nothing of the clusterrun it measures, which may be another
+# version: --at, --versus)
+FOLD_AT = 16
+FOLD_WINDOW = 0.2
 
 
 class Chunks:
